@@ -1,0 +1,74 @@
+"""Shared fixtures: the real built-in MiniLM model (loaded once), temp databases, ../shared paths."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinycontext import MemoryEngine, TinyContextConfig
+from tinycontext.embeddings import Embedder
+from tinycontext.model_hub import builtin_bundle
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SHARED.is_dir():
+        pytest.fail(f"{SHARED} is missing: tests need the shared assets beside the checkout (see README).")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def real_embedder() -> Embedder:
+    """The real all-MiniLM-L6-v2 int8 model that ships with the package (no network)."""
+    return Embedder(builtin_bundle())
+
+
+class HashEmbedder:
+    """Deterministic bag-of-words embedder for unit tests: fast, and texts sharing words are close."""
+
+    def __init__(self, dimensions: int = 64, model: str = "hash-test"):
+        self.dimensions = dimensions
+        self.identity = {"model": model, "revision": "1", "dimensions": dimensions, "pooling": "mean",
+                         "query_prefix": "", "document_prefix": ""}
+
+    def _one(self, text: str) -> np.ndarray:
+        vec = np.zeros(self.dimensions, np.float32)
+        for word in text.lower().split():
+            h = int(hashlib.md5(word.strip(".,!?").encode()).hexdigest(), 16)
+            vec[h % self.dimensions] += 1.0
+        norm = np.linalg.norm(vec)
+        return vec / norm if norm else vec
+
+    def embed(self, texts, kind="document", progress=False):
+        return np.stack([self._one(t) for t in texts]) if texts else np.zeros((0, self.dimensions), np.float32)
+
+    def embed_documents(self, texts, progress=False):
+        return self.embed(texts, "document")
+
+    def embed_query(self, text):
+        return self._one(text)
+
+
+@pytest.fixture
+def config(tmp_path) -> TinyContextConfig:
+    return TinyContextConfig(memory_db_path=tmp_path / "memory.db", models_dir=tmp_path / "models")
+
+
+@pytest.fixture
+def engine(config, real_embedder):
+    """An engine on a fresh database with the real model."""
+    with MemoryEngine(config, embedder=real_embedder) as eng:
+        yield eng
+
+
+@pytest.fixture
+def hash_engine(config):
+    """An engine on a fresh database with the fast deterministic test embedder."""
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        yield eng

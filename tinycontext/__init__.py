@@ -1,0 +1,36 @@
+"""TinyContext: token-light local memory for AI agents (SQLite FTS5 + sqlite-vec, fused by RRF)."""
+
+from .config import TinyContextConfig, load_config
+from .engine import (
+    MemoryEngine,
+    MemoryInput,
+    close_engines,
+    delete_memory,
+    get_memory,
+    recall_memories,
+    save_memories,
+    update_memory,
+)
+from .errors import (
+    ConfigError,
+    EmptyMemoryError,
+    InvalidInputError,
+    MemoryNotFoundError,
+    MissingExtraError,
+    ModelMismatchError,
+    ModelUnavailableError,
+    RecallBudgetError,
+    SessionNotFoundError,
+    StorageError,
+    TinyContextError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TinyContextConfig", "load_config", "MemoryEngine", "MemoryInput", "save_memories", "recall_memories",
+    "update_memory", "delete_memory", "get_memory", "close_engines",
+    "TinyContextError", "InvalidInputError", "EmptyMemoryError", "RecallBudgetError", "SessionNotFoundError",
+    "MemoryNotFoundError", "ModelMismatchError", "ModelUnavailableError", "ConfigError", "StorageError",
+    "MissingExtraError", "__version__",
+]

@@ -1,0 +1,120 @@
+"""Configuration.
+
+``TinyContextConfig(...)`` built in code reads nothing from the environment. Server processes
+(CLI, MCP, HTTP) call :func:`load_config`, which layers defaults < JSON file < ``TINYCONTEXT_*``
+environment variables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import platformdirs
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ConfigError
+
+APP_NAME = "tinycontext"
+ENV_PREFIX = "TINYCONTEXT_"
+CONFIG_PATH_ENV = "TINYCONTEXT_CONFIG_PATH"
+CONFIG_FILE_NAME = "context_config.json"
+
+
+def default_db_path() -> Path:
+    return Path(platformdirs.user_data_dir(APP_NAME)) / "memory.db"
+
+
+def default_models_dir() -> Path:
+    return Path(platformdirs.user_cache_dir(APP_NAME)) / "models"
+
+
+def default_config_file() -> Path:
+    return Path(platformdirs.user_config_dir(APP_NAME)) / CONFIG_FILE_NAME
+
+
+class TinyContextConfig(BaseModel):
+    """Immutable engine settings. Unknown keys are rejected so typos fail loudly."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    memory_db_path: Path = Field(default_factory=default_db_path)
+    models_dir: Path = Field(default_factory=default_models_dir)
+    embedding_model: str = "fast"
+    embedding_batch_size: int = Field(32, ge=1, le=1024)
+    embedding_cache_size: int = Field(4096, ge=0)
+    recall_top_k: int = Field(10, ge=1, le=1000)
+    recall_max_tokens: int = Field(2000, ge=1, le=1_000_000)
+    recall_candidates: int = Field(100, ge=1, le=10_000)
+    encoding_name: str = "o200k_base"
+    recall_dense_weight: float = Field(0.5, ge=0.0, le=1.0)
+    recall_rrf_k: float = Field(60, gt=0)
+    dense_query_prefix: str = ""
+    dense_document_prefix: str = ""
+    # Cosine similarity at or above which a new memory is reported as a near-duplicate.
+    dedup_threshold: float = Field(0.95, gt=0.0, le=1.0)
+    # "report": save and report near-duplicates; "skip": do not save them.
+    dedup_mode: Literal["report", "skip"] = "report"
+    # "error": refuse a DB built by another embedder; "auto": re-embed everything on open.
+    reindex: Literal["error", "auto"] = "error"
+    max_content_chars: int = Field(100_000, ge=1)
+    max_batch_size: int = Field(1000, ge=1)
+
+    @field_validator("memory_db_path", "models_dir", mode="after")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
+
+
+FIELDS = TinyContextConfig.model_fields
+
+
+def _coerce_env(name: str, raw: str) -> Any:
+    """Env values are strings; let pydantic coerce scalars, but JSON-decode if it looks like JSON."""
+    raw = raw.strip()
+    if raw[:1] in "[{":
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{ENV_PREFIX}{name.upper()} is not valid JSON: {exc}") from exc
+    return raw
+
+
+def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | None = None, **overrides) -> TinyContextConfig:
+    """Config for server processes: defaults < JSON file < TINYCONTEXT_* env < explicit overrides.
+
+    The file is ``path``, else ``$TINYCONTEXT_CONFIG_PATH``, else ``context_config.json`` in the
+    per-user config dir (used only if it exists). Relative paths inside it resolve against the file.
+    """
+    env = dict(os.environ if env is None else env)
+    values: dict[str, Any] = {}
+    explicit = path or env.get(CONFIG_PATH_ENV)
+    file = Path(explicit).expanduser() if explicit else default_config_file()
+    if explicit and not file.is_file():
+        raise ConfigError(f"Config file {file} does not exist. Create it or unset {CONFIG_PATH_ENV}.")
+    if file.is_file():
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"Cannot read config file {file}: {exc}. Fix the JSON or point {CONFIG_PATH_ENV} elsewhere.") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"Config file {file} must hold a JSON object of settings.")
+        for key in ("memory_db_path", "models_dir"):
+            if isinstance(data.get(key), str) and not Path(data[key]).expanduser().is_absolute():
+                data[key] = str((file.parent / data[key]).resolve())
+        # A bundle path given relative to the file resolves the same way; tier/registry/hub names stay.
+        model = data.get("embedding_model")
+        if isinstance(model, str) and model.startswith((".", "/")):
+            data["embedding_model"] = str((file.parent / model).resolve())
+        values.update(data)
+    for name in FIELDS:
+        key = ENV_PREFIX + name.upper()
+        if key in env:
+            values[name] = _coerce_env(name, env[key])
+    values.update(overrides)
+    try:
+        return TinyContextConfig(**values)
+    except ValidationError as exc:
+        raise ConfigError(f"Invalid configuration ({file if file.is_file() else 'env'}): {exc}") from exc

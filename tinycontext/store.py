@@ -1,0 +1,253 @@
+"""The SQLite file: driver choice, schema and migrations, and the queries the engine needs.
+
+Driver: the standard library's ``sqlite3`` when it can load extensions, else ``sqlean.py`` (a
+drop-in sqlite3 build with extension loading, a hard dependency). Many Pythons (pyenv builds,
+macOS system Python) lack ``enable_load_extension``, and sqlite-vec is an extension.
+``TINYCONTEXT_SQLITE_DRIVER=sqlite3|sqlean`` forces one; ``tinycontext doctor`` shows which is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from types import ModuleType
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from .errors import ModelMismatchError, StorageError
+
+SCHEMA_VERSION = 2
+BUSY_TIMEOUT_MS = 10_000
+
+
+def _can_load_extensions(module: ModuleType) -> bool:
+    return hasattr(module.Connection, "enable_load_extension")
+
+
+def sqlite_driver() -> tuple[ModuleType, str]:
+    """(module, why) for the SQLite driver this process uses."""
+    forced = os.environ.get("TINYCONTEXT_SQLITE_DRIVER", "").strip().lower()
+    import sqlite3
+
+    if forced == "sqlite3" or (not forced and _can_load_extensions(sqlite3)):
+        if not _can_load_extensions(sqlite3):
+            raise StorageError(
+                "This Python's sqlite3 cannot load extensions (no enable_load_extension), so sqlite-vec cannot run. "
+                "Unset TINYCONTEXT_SQLITE_DRIVER to use sqlean.py instead."
+            )
+        return sqlite3, "stdlib sqlite3 (can load extensions)"
+    try:
+        import sqlean
+    except ImportError as exc:
+        raise StorageError("sqlean.py is missing and this Python's sqlite3 cannot load extensions: pip install sqlean.py") from exc
+    reason = "forced by TINYCONTEXT_SQLITE_DRIVER" if forced else "stdlib sqlite3 cannot load extensions"
+    return sqlean, f"sqlean.py ({reason})"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+# Each migration runs in one transaction together with the user_version bump.
+MIGRATIONS: dict[int, str] = {
+    1: """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE sessions (id TEXT PRIMARY KEY, created_at TEXT NOT NULL);
+        CREATE TABLE memories (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(id),
+            content TEXT NOT NULL,
+            tags TEXT NOT NULL DEFAULT '[]',
+            metadata TEXT NOT NULL DEFAULT '{}',
+            content_hash TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            created_at TEXT NOT NULL
+        );
+        CREATE INDEX memories_session_hash ON memories(session_id, content_hash);
+        CREATE VIRTUAL TABLE memories_fts USING fts5(
+            content, tags, content='memories', content_rowid='id',
+            tokenize='porter unicode61 remove_diacritics 2'
+        );
+        CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN
+            INSERT INTO memories_fts(rowid, content, tags) VALUES (new.id, new.content, new.tags);
+        END;
+        CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN
+            INSERT INTO memories_fts(memories_fts, rowid, content, tags) VALUES ('delete', old.id, old.content, old.tags);
+        END;
+        CREATE TRIGGER memories_au AFTER UPDATE OF content, tags ON memories BEGIN
+            INSERT INTO memories_fts(memories_fts, rowid, content, tags) VALUES ('delete', old.id, old.content, old.tags);
+            INSERT INTO memories_fts(rowid, content, tags) VALUES (new.id, new.content, new.tags);
+        END;
+    """,
+    # v2: edit history and a tag index for filtered recall.
+    2: """
+        ALTER TABLE memories ADD COLUMN updated_at TEXT;
+        ALTER TABLE memories ADD COLUMN version INTEGER NOT NULL DEFAULT 1;
+        CREATE TABLE memory_versions (
+            memory_id INTEGER NOT NULL,
+            version INTEGER NOT NULL,
+            content TEXT NOT NULL,
+            tags TEXT NOT NULL,
+            metadata TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            superseded_at TEXT NOT NULL,
+            PRIMARY KEY (memory_id, version)
+        );
+        CREATE TABLE memory_tags (
+            memory_id INTEGER NOT NULL REFERENCES memories(id) ON DELETE CASCADE,
+            tag TEXT NOT NULL,
+            PRIMARY KEY (tag, memory_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX memory_tags_memory ON memory_tags(memory_id);
+        INSERT OR IGNORE INTO memory_tags(memory_id, tag)
+            SELECT memories.id, json_each.value FROM memories, json_each(memories.tags);
+    """,
+}
+
+MEMORY_COLUMNS = "id, session_id, content, tags, metadata, tokens, created_at, updated_at, version"
+
+
+def row_to_memory(row) -> dict:
+    return {
+        "id": row[0], "session_id": row[1], "content": row[2], "tags": json.loads(row[3]),
+        "metadata": json.loads(row[4]), "tokens": row[5], "created_at": row[6],
+        "updated_at": row[7] or row[6], "version": row[8],
+    }
+
+
+class Store:
+    """One SQLite file. A single connection guarded by a lock is shared by the process's threads;
+    other processes coordinate through WAL and ``busy_timeout``."""
+
+    def __init__(self, path: Path | str, *, target_version: int = SCHEMA_VERSION):
+        self.path = Path(path)
+        self.driver, self.driver_reason = sqlite_driver()
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.conn = self.driver.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False, isolation_level=None)
+        except self.driver.Error as exc:
+            raise StorageError(f"Cannot open database {path}: {exc}. Check the path and its permissions.") from exc
+        self.lock = threading.RLock()
+        self._load_sqlite_vec()
+        self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+        self.conn.execute("PRAGMA foreign_keys = ON")
+        self.migrate(target_version)
+
+    def _load_sqlite_vec(self) -> None:
+        import sqlite_vec
+
+        try:
+            self.conn.enable_load_extension(True)
+            sqlite_vec.load(self.conn)
+            self.conn.enable_load_extension(False)
+        except Exception as exc:
+            raise StorageError(f"Cannot load the sqlite-vec extension: {exc}. Run `tinycontext doctor` for details.") from exc
+
+    # -- transactions -------------------------------------------------------------------------
+
+    @contextmanager
+    def write(self) -> Iterator:
+        """A write transaction; BEGIN IMMEDIATE takes the write lock up front so concurrent
+        writers wait on busy_timeout instead of failing with a deadlock on lock upgrade."""
+        with self.lock:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
+
+    def read(self, sql: str, params: Iterable = ()) -> list:
+        with self.lock:
+            return self.conn.execute(sql, tuple(params)).fetchall()
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    @property
+    def schema_version(self) -> int:
+        return self.read("PRAGMA user_version")[0][0]
+
+    def migrate(self, target: int = SCHEMA_VERSION) -> None:
+        current = self.schema_version
+        if current > SCHEMA_VERSION:
+            raise StorageError(f"Database {self.path} has schema v{current}, newer than this TinyContext (v{SCHEMA_VERSION}). Upgrade tinycontext.")
+        for version in range(current + 1, target + 1):
+            with self.write() as conn:
+                # Re-check under the write lock: another process may have migrated meanwhile.
+                if conn.execute("PRAGMA user_version").fetchone()[0] >= version:
+                    continue
+                for statement in _split_sql(MIGRATIONS[version]):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {version}")
+
+    def get_meta(self, key: str) -> str | None:
+        rows = self.read("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
+
+    def has_vector_table(self) -> bool:
+        return bool(self.read("SELECT 1 FROM sqlite_master WHERE name = 'memory_vectors'"))
+
+    def stored_identity(self) -> dict | None:
+        raw = self.get_meta("embedder")
+        return json.loads(raw) if raw else None
+
+    def bind_embedder(self, identity: dict, *, reindex: str, embed_all) -> int:
+        """Make the vectors match ``identity``. Returns how many memories were (re-)embedded.
+
+        ``embed_all(list[str]) -> np.ndarray`` is called only when vectors must be built.
+        A mismatch raises unless ``reindex == 'auto'``; re-embedding happens in one transaction,
+        so an interruption leaves the old vectors and identity intact.
+        """
+        stored = self.stored_identity()
+        if stored == identity and self.has_vector_table():
+            return 0
+        count = self.read("SELECT count(*) FROM memories")[0][0]
+        if stored is not None and stored != identity and count and reindex != "auto":
+            diff = {k: (stored.get(k), identity.get(k)) for k in identity if stored.get(k) != identity.get(k)}
+            raise ModelMismatchError(
+                f"Database {self.path} was built with embedder {stored.get('model')} and this config uses "
+                f"{identity.get('model')} (differs in: {', '.join(diff)}). Use the original embedding_model, or "
+                "re-embed everything with reindex='auto' (CLI: tinycontext reindex).",
+                stored=stored, configured=identity,
+            )
+        rows = self.read("SELECT id, session_id, content FROM memories ORDER BY id")
+        vectors = embed_all([r[2] for r in rows]) if rows else np.zeros((0, identity["dimensions"]), np.float32)
+        with self.write() as conn:
+            conn.execute("DROP TABLE IF EXISTS memory_vectors")
+            conn.execute(
+                "CREATE VIRTUAL TABLE memory_vectors USING vec0("
+                "memory_id INTEGER PRIMARY KEY, session_id TEXT PARTITION KEY, "
+                f"embedding FLOAT[{int(identity['dimensions'])}] distance_metric=cosine)"
+            )
+            conn.executemany(
+                "INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)",
+                [(r[0], r[1], v.astype(np.float32).tobytes()) for r, v in zip(rows, vectors)],
+            )
+            conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('embedder', ?)", (json.dumps(identity, sort_keys=True),))
+        return len(rows)
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()
+
+
+def _split_sql(script: str) -> list[str]:
+    """Split a migration into statements; complete_statement knows a trigger's BEGIN...END."""
+    import sqlite3
+
+    statements, buffer = [], ""
+    for line in script.strip().splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    return statements
