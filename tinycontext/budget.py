@@ -64,8 +64,11 @@ def fit_budget(tokens: Iterable[int], max_tokens: int, limit: int) -> tuple[list
     """Choose items in rank order, up to ``limit`` of them, whose token counts fit ``max_tokens``.
 
     An item that does not fit is skipped and filling continues, so one long memory never hides
-    shorter ones ranked after it. Returns (chosen positions, skipped positions, next position to
-    page from or None when nothing is left).
+    shorter ones ranked after it. Returns (chosen positions, skipped positions before the last
+    chosen one, next position to page from or None when nothing is left). Items after the last
+    chosen one that did not fit are left for the next page rather than reported as skipped, so
+    paging from the returned position reaches every item; when nothing fits at all, every item is
+    reported as skipped and there is no next page (only a larger budget helps).
     """
     tokens = list(tokens)
     chosen: list[int] = []
@@ -79,4 +82,7 @@ def fit_budget(tokens: Iterable[int], max_tokens: int, limit: int) -> tuple[list
             used += cost
         else:
             skipped.append(position)
-    return chosen, skipped, None
+    if not chosen:
+        return chosen, skipped, None
+    after = chosen[-1] + 1
+    return chosen, [p for p in skipped if p < after], after if after < len(tokens) else None

@@ -74,7 +74,7 @@ FIELDS = TinyContextConfig.model_fields
 def _coerce_env(name: str, raw: str) -> Any:
     """Env values are strings; let pydantic coerce scalars, but JSON-decode if it looks like JSON."""
     raw = raw.strip()
-    if raw[:1] in "[{":
+    if raw and raw[0] in "[{":
         try:
             return json.loads(raw)
         except json.JSONDecodeError as exc:
@@ -97,7 +97,7 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
     if file.is_file():
         try:
             data = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # ValueError: bad JSON or not UTF-8
             raise ConfigError(f"Cannot read config file {file}: {exc}. Fix the JSON or point {CONFIG_PATH_ENV} elsewhere.") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"Config file {file} must hold a JSON object of settings.")

@@ -38,6 +38,9 @@ MAX_TAG_CHARS = 100
 MAX_METADATA_BYTES = 64_000
 MAX_METADATA_DEPTH = 16
 MAX_SESSION_CHARS = 200
+MAX_OFFSET = 1_000_000
+# sqlite-vec refuses KNN queries with k above this; deeper dense candidate lists are cut to it.
+VEC_KNN_MAX = 4096
 
 
 class MemoryInput(BaseModel):
@@ -71,16 +74,34 @@ def _clean_text(value: str, what: str) -> str:
 
 
 def _normalise_tags(tags: Sequence[str], where: str) -> list[str]:
+    # A bare string would otherwise be read as a list of one-letter tags.
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, (list, tuple)):
+        raise InvalidInputError(f"{where}: tags must be a list of strings, got {type(tags).__name__}.")
     if len(tags) > MAX_TAGS:
         raise InvalidInputError(f"{where}: at most {MAX_TAGS} tags per memory.")
     out: list[str] = []
     for tag in tags:
+        if not isinstance(tag, str):
+            raise InvalidInputError(f"{where}: tags must be strings, got {type(tag).__name__}.")
         tag = _clean_text(tag, f"{where} tag").strip()
         if not tag or len(tag) > MAX_TAG_CHARS:
             raise InvalidInputError(f"{where}: tags must be 1-{MAX_TAG_CHARS} characters, got {tag[:20]!r}.")
         if tag not in out:
             out.append(tag)
     return out
+
+
+def _check_int(value, name: str, low: int, high: int, error: type[InvalidInputError] = InvalidInputError) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise error(f"{name} must be an integer from {low} to {high}, got {value!r}.")
+    return value
+
+
+def _check_number(value, name: str, low: float, high: float) -> float:
+    # NaN fails the range test too.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise InvalidInputError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}.")
+    return float(value)
 
 
 def _check_session(session_id: str | None) -> str | None:
@@ -113,10 +134,14 @@ class MemoryEngine:
         self.embedder = embedder
         self.tokens = TokenCounter(self.config.encoding_name)
         self.store = Store(self.config.memory_db_path)
-        self.reindexed = self.store.bind_embedder(
-            embedder.identity, reindex=self.config.reindex,
-            embed_all=lambda texts: embedder.embed_documents(texts, progress=True),
-        )
+        try:
+            self.reindexed = self.store.bind_embedder(
+                embedder.identity, reindex=self.config.reindex,
+                embed_all=lambda texts: embedder.embed_documents(texts, progress=True),
+            )
+        except BaseException:  # e.g. model_mismatch: do not leave the file open
+            self.store.close()
+            raise
         self.progress = progress
 
     def close(self) -> None:
@@ -158,12 +183,14 @@ class MemoryEngine:
                 raise EmptyMemoryError(f"{where} has empty content; give every memory some text.", index=i)
             if len(content) > self.config.max_content_chars:
                 raise InvalidInputError(f"{where}.content has {len(content)} characters; the limit is {self.config.max_content_chars}. Split it or save a summary.", index=i)
+            # Depth first: json.dumps of very deep nesting raises RecursionError.
+            too_deep = _depth(item.metadata) > MAX_METADATA_DEPTH
             try:
-                meta_json = json.dumps(item.metadata, ensure_ascii=False, allow_nan=False)
+                meta_json = "" if too_deep else json.dumps(item.metadata, ensure_ascii=False, allow_nan=False)
             except (TypeError, ValueError) as exc:
                 raise InvalidInputError(f"{where}.metadata must be plain JSON: {exc}", index=i) from exc
             _clean_text(meta_json, f"{where}.metadata")
-            if len(meta_json.encode("utf-8")) > MAX_METADATA_BYTES or _depth(item.metadata) > MAX_METADATA_DEPTH:
+            if too_deep or len(meta_json.encode("utf-8")) > MAX_METADATA_BYTES:
                 raise InvalidInputError(f"{where}.metadata is too large (max {MAX_METADATA_BYTES} bytes, depth {MAX_METADATA_DEPTH}).", index=i)
             out.append(MemoryInput(content=content, tags=_normalise_tags(item.tags, where), metadata=item.metadata))
         return out
@@ -246,19 +273,14 @@ class MemoryEngine:
         query = _clean_text(query, "query")
         max_tokens = self.config.recall_max_tokens if max_tokens is None else max_tokens
         top_k = self.config.recall_top_k if top_k is None else top_k
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 1_000_000:
-            raise RecallBudgetError(f"max_tokens must be an integer from 1 to 1000000, got {max_tokens!r}.")
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 1000:
-            raise InvalidInputError(f"top_k must be an integer from 1 to 1000, got {top_k!r}.")
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise InvalidInputError(f"offset must be a non-negative integer, got {offset!r}.")
-        weight = self.config.recall_dense_weight if dense_weight is None else float(dense_weight)
-        if not 0.0 <= weight <= 1.0:
-            raise InvalidInputError("dense_weight must be between 0 and 1.")
-        k = self.config.recall_rrf_k if rrf_k is None else float(rrf_k)
-        depth = max(candidates or self.config.recall_candidates, offset + top_k)
+        _check_int(max_tokens, "max_tokens", 1, 1_000_000, RecallBudgetError)
+        _check_int(top_k, "top_k", 1, 1000)
+        _check_int(offset, "offset", 0, MAX_OFFSET)
+        weight = _check_number(self.config.recall_dense_weight if dense_weight is None else dense_weight, "dense_weight", 0.0, 1.0)
+        k = _check_number(self.config.recall_rrf_k if rrf_k is None else rrf_k, "rrf_k", 0.0, 1e6)
+        depth = max(_check_int(self.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000), offset + top_k)
         session = _check_session(session_id)
-        tag_list = _normalise_tags(list(tags or []), "tags")
+        tag_list = _normalise_tags([] if tags is None else tags, "tags")
         if session is not None and not self.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
             raise SessionNotFoundError(f"No session {session!r}. Save memories into it first, or recall without session_id to search all sessions.")
 
@@ -284,7 +306,8 @@ class MemoryEngine:
             "memories": memories,
             "total_tokens": sum(m["tokens"] for m in memories),
             "max_tokens": max_tokens,
-            "truncated": bool(omitted),
+            # The budget (not top_k) left something out: skipped inside the page, or the page ended early.
+            "truncated": bool(omitted) or (stop is not None and len(chosen) < top_k),
             "omitted": omitted,
             "next_offset": None if stop is None else offset + stop,
             "candidates": len(ranked),
@@ -314,7 +337,7 @@ class MemoryEngine:
     def _dense(self, query: str, session: str | None, tags: list[str], depth: int) -> list[tuple[int, float]]:
         vector = self.embedder.embed_query(query)
         sql = "SELECT memory_id, distance FROM memory_vectors WHERE embedding MATCH ? AND k = ?"
-        params: list = [vector.tobytes(), depth]
+        params: list = [vector.tobytes(), min(depth, VEC_KNN_MAX)]
         if session is not None:
             sql += " AND session_id = ?"
             params.append(session)
@@ -354,7 +377,7 @@ class MemoryEngine:
         current = self.get(memory_id, history=False)
         new = self._validate([{
             "content": current["content"] if content is None else content,
-            "tags": current["tags"] if tags is None else list(tags),
+            "tags": current["tags"] if tags is None else tags,
             "metadata": current["metadata"] if metadata is None else metadata,
         }])[0]
         vector = self.embedder.embed_documents([new.content])[0] if new.content != current["content"] else None

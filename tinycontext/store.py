@@ -134,12 +134,19 @@ class Store:
         except self.driver.Error as exc:
             raise StorageError(f"Cannot open database {path}: {exc}. Check the path and its permissions.") from exc
         self.lock = threading.RLock()
-        self._load_sqlite_vec()
-        self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        self.conn.execute("PRAGMA journal_mode = WAL")
-        self.conn.execute("PRAGMA synchronous = NORMAL")
-        self.conn.execute("PRAGMA foreign_keys = ON")
-        self.migrate(target_version)
+        try:
+            self._load_sqlite_vec()
+            self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self.conn.execute("PRAGMA journal_mode = WAL")
+            self.conn.execute("PRAGMA synchronous = NORMAL")
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            self.migrate(target_version)
+        except self.driver.Error as exc:  # e.g. the path holds something that is not a database
+            self.conn.close()
+            raise StorageError(f"Cannot use database {path}: {exc}. Point memory_db_path at a TinyContext database or a new file.") from exc
+        except BaseException:
+            self.conn.close()
+            raise
 
     def _load_sqlite_vec(self) -> None:
         import sqlite_vec
@@ -158,7 +165,10 @@ class Store:
         """A write transaction; BEGIN IMMEDIATE takes the write lock up front so concurrent
         writers wait on busy_timeout instead of failing with a deadlock on lock upgrade."""
         with self.lock:
-            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+            except self.driver.OperationalError as exc:  # busy_timeout ran out
+                raise StorageError(f"Database {self.path} is busy ({exc}): another process held its write lock too long. Retry.") from exc
             try:
                 yield self.conn
             except BaseException:
@@ -211,17 +221,20 @@ class Store:
         if stored == identity and self.has_vector_table():
             return 0
         count = self.read("SELECT count(*) FROM memories")[0][0]
-        if stored is not None and stored != identity and count and reindex != "auto":
-            diff = {k: (stored.get(k), identity.get(k)) for k in identity if stored.get(k) != identity.get(k)}
-            raise ModelMismatchError(
-                f"Database {self.path} was built with embedder {stored.get('model')} and this config uses "
-                f"{identity.get('model')} (differs in: {', '.join(diff)}). Use the original embedding_model, or "
-                "re-embed everything with reindex='auto' (CLI: tinycontext reindex).",
-                stored=stored, configured=identity,
-            )
+        self._refuse_mismatch(stored, identity, count, reindex)
         rows = self.read("SELECT id, session_id, content FROM memories ORDER BY id")
         vectors = embed_all([r[2] for r in rows]) if rows else np.zeros((0, identity["dimensions"]), np.float32)
         with self.write() as conn:
+            # Another process may have bound an embedder or saved memories since the reads above
+            # (two processes opening a new database at once): decide again under the write lock.
+            raw = conn.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()
+            stored = json.loads(raw[0]) if raw else None
+            if stored == identity and conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'memory_vectors'").fetchone():
+                return 0
+            latest = conn.execute("SELECT id, session_id, content FROM memories ORDER BY id").fetchall()
+            self._refuse_mismatch(stored, identity, len(latest), reindex)
+            if latest != rows:
+                rows, vectors = latest, embed_all([r[2] for r in latest])
             conn.execute("DROP TABLE IF EXISTS memory_vectors")
             conn.execute(
                 "CREATE VIRTUAL TABLE memory_vectors USING vec0("
@@ -234,6 +247,16 @@ class Store:
             )
             conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('embedder', ?)", (json.dumps(identity, sort_keys=True),))
         return len(rows)
+
+    def _refuse_mismatch(self, stored: dict | None, identity: dict, count: int, reindex: str) -> None:
+        if stored is not None and stored != identity and count and reindex != "auto":
+            diff = {k: (stored.get(k), identity.get(k)) for k in identity if stored.get(k) != identity.get(k)}
+            raise ModelMismatchError(
+                f"Database {self.path} was built with embedder {stored.get('model')} and this config uses "
+                f"{identity.get('model')} (differs in: {', '.join(diff)}). Use the original embedding_model, or "
+                "re-embed everything with reindex='auto' (CLI: tinycontext reindex).",
+                stored=stored, configured=identity,
+            )
 
     def close(self) -> None:
         with self.lock:

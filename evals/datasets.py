@@ -1,0 +1,172 @@
+"""Dataset loaders. Every loader returns an :class:`EvalDataset`: documents (each becomes one
+memory), queries, graded qrels and, for conversational data, the session each query searches.
+
+Loaders are named by ``_target_`` in ``conf/dataset/*.yaml`` and built with ``hydra.utils.instantiate``.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from tinycontext.errors import ConfigError, MissingExtraError
+
+NaiveDump = Literal["top100", "session"]
+BEIR_SESSION = "corpus"
+_DIA_ID = re.compile(r"D\d+:\d+")
+
+
+@dataclass
+class Doc:
+    id: str
+    text: str
+    session: str
+
+
+@dataclass
+class EvalDataset:
+    name: str
+    docs: list[Doc]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+    # The session each query recalls from; None means all sessions (one shared corpus).
+    query_sessions: dict[str, str] | None = None
+    # What an agent without TinyContext would paste: the top-100 documents or the whole session.
+    naive_dump: NaiveDump = "top100"
+    fingerprint: str = ""
+    info: dict = field(default_factory=dict)
+
+    @property
+    def judged(self) -> list[str]:
+        """Queries with at least one relevant document, in a stable order."""
+        return [q for q in self.queries if any(r > 0 for r in self.qrels.get(q, {}).values())]
+
+
+def _sha256_files(*paths: Path) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _doc_text(title: str | None, text: str | None) -> str:
+    # BEIR convention: title then body; the engine indexes and budgets this whole string.
+    return "\n".join(part.strip() for part in (title, text) if part and part.strip())
+
+
+def _beir_from_records(name: str, corpus: list[dict], queries: list[dict], qrels_rows, fingerprint: str, split: str) -> EvalDataset:
+    qrels: dict[str, dict[str, int]] = {}
+    for qid, did, score in qrels_rows:
+        qrels.setdefault(str(qid), {})[str(did)] = int(score)
+    docs = [Doc(str(d["_id"]), _doc_text(d.get("title"), d.get("text")), BEIR_SESSION) for d in corpus]
+    docs = [d for d in docs if d.text]
+    return EvalDataset(
+        name=name, docs=docs, queries={str(q["_id"]): q["text"] for q in queries}, qrels=qrels,
+        fingerprint=fingerprint, info={"format": "beir", "split": split},
+    )
+
+
+def load_beir(path: str | Path, split: str = "test", name: str | None = None) -> EvalDataset:
+    """A BEIR folder: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv`` (header line)."""
+    folder = Path(path).expanduser()
+    files = [folder / "corpus.jsonl", folder / "queries.jsonl", folder / "qrels" / f"{split}.tsv"]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ConfigError(
+            f"{folder} is not a BEIR dataset folder: missing {', '.join(missing)}. Pass dataset.path=<folder with "
+            "corpus.jsonl, queries.jsonl, qrels/<split>.tsv> and dataset.split=<split>.", path=str(folder))
+    with open(files[2], encoding="utf-8", newline="") as fh:
+        rows = [r for r in csv.reader(fh, delimiter="\t") if r]
+    if rows and not rows[0][-1].lstrip("-").isdigit():
+        rows = rows[1:]  # header line "query-id corpus-id score"
+    return _beir_from_records(
+        name or folder.name, _read_jsonl(files[0]), _read_jsonl(files[1]), [r[:3] for r in rows],
+        _sha256_files(*files), split,
+    )
+
+
+def load_tiny(split: str = "test", name: str = "tiny") -> EvalDataset:
+    """The small BEIR-format dataset shipped with the harness (quick start, tests)."""
+    return load_beir(Path(str(resources.files("evals") / "data" / "tiny")), split=split, name=name)
+
+
+def load_hf_beir(repo: str, qrels_repo: str, split: str = "test", name: str | None = None,
+                 cache_dir: str | None = None) -> EvalDataset:
+    """A BEIR dataset from the Hugging Face hub (e.g. BeIR/scifact + BeIR/scifact-qrels), cached by ``datasets``."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise MissingExtraError(
+            "Loading from the Hugging Face hub needs `datasets`: pip install 'tinycontext[eval]'. Or pass a local "
+            "BEIR folder instead: dataset=beir dataset.path=<folder>.") from exc
+    try:
+        corpus = datasets.load_dataset(repo, "corpus", split="corpus", cache_dir=cache_dir)
+        queries = datasets.load_dataset(repo, "queries", split="queries", cache_dir=cache_dir)
+        qrels = datasets.load_dataset(qrels_repo, split=split, cache_dir=cache_dir)
+    except Exception as exc:  # offline, unknown repo, hub error: the remedy is the same
+        raise ConfigError(
+            f"Cannot load {repo} / {qrels_repo} from the Hugging Face hub ({type(exc).__name__}: {exc}). Offline? "
+            "Pass a local BEIR folder instead: dataset=beir dataset.path=<folder with corpus.jsonl, queries.jsonl, "
+            "qrels/<split>.tsv> (SciFact ships at ../shared/datasets/scifact: dataset=scifact).", repo=repo) from exc
+    fingerprint = hashlib.sha256("|".join(d._fingerprint for d in (corpus, queries, qrels)).encode()).hexdigest()
+    rows = [(r["query-id"], r["corpus-id"], r["score"]) for r in qrels]
+    return _beir_from_records(name or repo.split("/")[-1], list(corpus), list(queries), rows, fingerprint, split)
+
+
+def locomo_turn_text(turn: dict) -> str:
+    text = f"{turn['speaker']}: {turn.get('text', '').strip()}"
+    if turn.get("blip_caption"):
+        text += f" [shares a photo: {turn['blip_caption']}]"
+    return text
+
+
+def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: str = "locomo") -> EvalDataset:
+    """LoCoMo: each dialogue turn is a memory, one session per conversation, evidence turns are the qrels.
+
+    Category 5 (adversarial, no answer) has no evidence and is left out by default.
+    """
+    file = Path(path).expanduser()
+    try:
+        samples = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"Cannot read LoCoMo file {file} ({exc}). Pass dataset.path=<locomo json>.", path=str(file)) from exc
+    wanted = {int(c) for c in categories}
+    docs: list[Doc] = []
+    queries: dict[str, str] = {}
+    qrels: dict[str, dict[str, int]] = {}
+    sessions: dict[str, str] = {}
+    for sample in samples:
+        conv_id = sample["sample_id"]
+        conversation = sample["conversation"]
+        numbers = sorted(int(k.split("_")[1]) for k in conversation if re.fullmatch(r"session_\d+", k))
+        known: set[str] = set()
+        for n in numbers:
+            for turn in conversation[f"session_{n}"]:
+                known.add(turn["dia_id"])
+                docs.append(Doc(f"{conv_id}:{turn['dia_id']}", locomo_turn_text(turn), conv_id))
+        for i, qa in enumerate(sample["qa"]):
+            # Some evidence entries pack several ids ("D8:6; D9:17"); a few name turns that do not exist.
+            evidence = [e for raw in qa.get("evidence", []) for e in _DIA_ID.findall(raw) if e in known]
+            if int(qa.get("category", 0)) not in wanted or not evidence:
+                continue
+            qid = f"{conv_id}:q{i}"
+            queries[qid] = str(qa["question"])
+            qrels[qid] = {f"{conv_id}:{e}": 1 for e in evidence}
+            sessions[qid] = conv_id
+    return EvalDataset(
+        name=name, docs=docs, queries=queries, qrels=qrels, query_sessions=sessions, naive_dump="session",
+        fingerprint=_sha256_files(file), info={"format": "locomo", "categories": sorted(wanted)},
+    )

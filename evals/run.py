@@ -1,0 +1,90 @@
+"""Entry point: ``python -m evals.run`` / ``tinycontext-eval``.
+
+- ``tinycontext-eval [hydra overrides]``: one run, or a sweep with ``-m`` or an ``experiment=`` preset.
+- ``tinycontext-eval report <sweep dir>``: (re)build results.csv, report.md and plots.
+- ``tinycontext-eval recommend <sweep dir> [--max-p95-ms X] [--max-model-mb Y]``: write context_config.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from tinycontext import TinyContextConfig
+from tinycontext.errors import TinyContextError
+
+log = logging.getLogger("evals")
+
+
+def _engine_default(name: str):
+    """``${tc_default:recall_rrf_k}``: the engine's own default, so configs track engine tuning."""
+    value = TinyContextConfig.model_fields[name].get_default(call_default_factory=True)
+    return str(value) if isinstance(value, Path) else value
+
+
+OmegaConf.register_new_resolver("tc_default", _engine_default, replace=True)
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    from .callbacks import record_progress
+    from .runner import run_config
+
+    started = time.perf_counter()
+    hc = HydraConfig.get()
+    record = run_config(cfg, Path(hc.runtime.output_dir), overrides=list(hc.overrides.task))
+    row = record["row"]
+    log.info("%s | %s | w=%g k=%g budget=%d: nDCG@10 %.4f R@100 %.4f budget recall %.3f, p95 %.1f ms, tokens %.0f vs %.0f naive",
+             row["dataset"], row["embedder"], row["dense_weight"], row["rrf_k"], row["max_tokens"], row["ndcg@10"],
+             row["recall@100"], row["budget_recall"], row["recall_p95_ms"], row["tokens_returned"], row["tokens_naive"])
+    if hc.mode == RunMode.MULTIRUN:
+        log.info(record_progress(Path(hc.sweep.dir), str(hc.job.num), time.perf_counter() - started))
+    return float(row["ndcg@10"])  # the value an optimizing sweeper (Optuna, Nevergrad) would maximise
+
+
+def _commands(argv: list[str]) -> int:
+    from .report import build_report, recommend
+
+    parser = argparse.ArgumentParser(prog="tinycontext-eval", description="Rebuild reports or pick a config from a sweep.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("report", help="(re)build results.csv, per_query.csv, report.md and plots/ in a sweep dir")
+    rep.add_argument("sweep_dir", type=Path)
+    rec = sub.add_parser("recommend", help="write the best config under limits as context_config.json")
+    rec.add_argument("sweep_dir", type=Path)
+    rec.add_argument("--max-p95-ms", type=float, help="recall p95 latency limit")
+    rec.add_argument("--max-model-mb", type=float, help="model file size limit")
+    rec.add_argument("--metric", help="column to maximise (default: ndcg@10; budget_recall for budget sweeps)")
+    rec.add_argument("--dataset", help="which dataset, when the sweep has several")
+    rec.add_argument("--out", type=Path, help="output file (default: <sweep dir>/context_config.json)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "report":
+            print(build_report(args.sweep_dir))
+        else:
+            out, summary = recommend(args.sweep_dir, max_p95_ms=args.max_p95_ms, max_model_mb=args.max_model_mb,
+                                     metric=args.metric, dataset=args.dataset, out=args.out)
+            print(json.dumps(summary, indent=2))
+            print(f"wrote {out}; use it with TINYCONTEXT_CONFIG_PATH={out}")
+    except TinyContextError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def console_main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("report", "recommend"):
+        sys.exit(_commands(sys.argv[1:]))
+    main()
+
+
+if __name__ == "__main__":
+    console_main()

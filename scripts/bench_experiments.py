@@ -1,0 +1,120 @@
+"""Throwaway experiments for notes/bench_engine.md (not part of the benchmark). Subcommands:
+  profile N        split recall cost (embed / bm25 / dense / rows) at N memories
+"""
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import bench_engine as be
+import bench_locomo
+
+WORK = Path("/tmp/bx")
+
+
+def timed(fn, *a, **k):
+    t = time.perf_counter()
+    fn(*a, **k)
+    return (time.perf_counter() - t) * 1000
+
+
+def profile(n: int) -> None:
+    WORK.mkdir(exist_ok=True)
+    rng = random.Random(7)
+    convs = bench_locomo.load()
+    pool = be.real_pool(convs)
+    rng.shuffle(pool)
+    pool = pool[:1500]
+    qs = [q["question"] for c in convs for q in c["qa"]]
+    rng.shuffle(qs)
+    db = WORK / f"prof-{n}.db"
+    db.unlink(missing_ok=True)
+    with be.new_engine(db) as e:
+        vecs = e.embedder.embed_documents(pool)
+        be.fill_session(e, "big", n, pool, vecs, rng)
+        e.recall("warm", session_id="big")
+        res = {"embed": [], "bm25": [], "dense_cached": [], "rows": []}
+        for q in qs[:40]:
+            res["embed"].append(timed(e.embedder.embed_query, q))
+            res["bm25"].append(timed(e._bm25, q, "big", [], 100))
+            res["dense_cached"].append(timed(e._dense, q, "big", [], 100))
+        from tinycontext.retrieval import fts_query
+        print("fts", fts_query(qs[0]))
+        for k, v in res.items():
+            if v:
+                print(f"{n} {k}: p50 {statistics.median(v):.1f} ms")
+
+
+
+STOP = set("""a an and are as at be been being but by can could did do does doing for from had has have having he her
+hers him his how i if in into is it its me my of on or our she so than that the their them then there these they this
+those to too was we were what when where which who whom why will with would you your yours""".split())
+
+
+def stopword_fts(text):
+    """fts_query without English stopwords (falls back to all words if only stopwords)."""
+    from tinycontext import retrieval
+    words = [w for w in retrieval._WORD.findall(text) if w.lower() not in STOP]
+    return retrieval.fts_query(" ".join(words)) or retrieval.fts_query(text)
+
+
+def patch(variant: str) -> None:
+    import tinycontext.engine as eng
+    from tinycontext import retrieval
+    eng.fts_query = stopword_fts if "stop" in variant else retrieval.fts_query
+
+
+def locomo_dbs(fmt: str):
+    convs = bench_locomo.load()
+    out = []
+    for conv in convs:
+        db = WORK / f"loc-{fmt}-{conv['sample_id']}.db"
+        mp = db.with_suffix(".json")
+        if not db.exists() or not mp.exists():
+            db.unlink(missing_ok=True)
+            with be.new_engine(db) as e:
+                m, _, _ = be.ingest_locomo(e, conv, fmt)
+            mp.write_text(__import__("json").dumps(m))
+        out.append((conv, db, __import__("json").loads(mp.read_text())))
+    return out
+
+
+def locomo(*_):
+    grid = [dict(dense_weight=w, rrf_k=k) for w in (0.0, 0.3, 0.5, 0.7, 1.0) for k in (10, 60)]
+    grid += [dict(dense_weight=0.5, rrf_k=60, candidates=300)]
+    for fmt in ("plain", "dated", "dated_caption"):
+        dbs = locomo_dbs(fmt)
+        for variant in ("base", "stop"):
+            patch(variant)
+            for knobs in grid:
+                qrels, run = [], []
+                for conv, db, m in dbs:
+                    with be.new_engine(db) as e:
+                        qrels += bench_locomo.qrels_for(conv, m)
+                        run += be.recall_run(e, conv, **knobs)[0]
+                s = be.scores(qrels, run)
+                print(f"{fmt:14s} {variant:5s} {knobs}  R@10 {s['R@10']:.3f} R@5 {s['R@5']:.3f} nDCG@10 {s['nDCG@10']:.3f}", flush=True)
+
+
+
+def scifact(*_):
+    """Tune on train qrels with the index built by bench_engine.py --workdir /tmp/bx/main."""
+    import json
+    db = Path("/tmp/bx/main/scifact.db")
+    id_to_doc = json.loads(Path("/tmp/bx/main/scifact-ids.json").read_text())
+    _, queries, qrels = be.load_scifact("train")
+    grid = [dict(dense_weight=w, rrf_k=k) for w in (0.0, 1.0, 0.3, 0.4, 0.5, 0.6) for k in (10, 30, 60)]
+    with be.new_engine(db) as e:
+        for variant in ("base", "stop"):
+            patch(variant)
+            for knobs in grid:
+                if variant == "stop" and knobs["rrf_k"] == 30:
+                    continue
+                print(f"train {variant:5s} {knobs} nDCG@10 {be.scifact_ndcg(e, id_to_doc, queries, qrels, **knobs):.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](*[int(a) for a in sys.argv[2:]])

@@ -1,0 +1,101 @@
+"""Several processes writing one database file at once, and threads sharing one engine."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+from conftest import HashEmbedder
+from tinycontext import MemoryEngine, TinyContextConfig
+
+PROCESSES = 4
+SAVES = 25
+
+
+def _worker(db_path: str, worker: int, barrier, results) -> None:
+    """Runs in a spawned process: open the (possibly new) database and save one memory per call."""
+    try:
+        barrier.wait(timeout=120)  # all workers open and write at the same moment
+        config = TinyContextConfig(memory_db_path=db_path, models_dir=db_path + ".models")
+        acked = []
+        with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+            for i in range(SAVES):
+                content = f"worker {worker} memory {i} about topic{i % 5}"
+                out = eng.save([{"content": content, "tags": [f"w{worker}"]}], session_id=f"s{worker % 2}")
+                acked += [(mid, content) for mid in out["ids"]]
+                if i % 5 == 0:
+                    eng.recall(f"topic{i % 5} memory", top_k=5)
+        results.put((worker, acked, None))
+    except BaseException as exc:  # report instead of dying silently
+        results.put((worker, [], repr(exc)))
+
+
+def test_processes_write_one_file_at_once(tmp_path):
+    db = str(tmp_path / "shared.db")
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(PROCESSES), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(db, w, barrier, results)) for w in range(PROCESSES)]
+    for p in procs:
+        p.start()
+    reports = [results.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert [r[2] for r in reports] == [None] * PROCESSES
+
+    acked = [pair for r in reports for pair in r[1]]
+    assert len(acked) == PROCESSES * SAVES
+    ids = [mid for mid, _ in acked]
+    assert len(set(ids)) == len(ids)
+    with MemoryEngine(TinyContextConfig(memory_db_path=db, models_dir=tmp_path / "models"), embedder=HashEmbedder()) as eng:
+        read = eng.store.read
+        stored = dict(read("SELECT id, content FROM memories"))
+        assert stored == dict(acked)  # every acknowledged id exists exactly once, with its content
+        assert read("PRAGMA integrity_check")[0][0] == "ok"
+        fts = read("SELECT count(*) FROM memories_fts")[0][0]
+        vectors = read("SELECT count(*) FROM memory_vectors")[0][0]
+        tags = read("SELECT count(*) FROM memory_tags")[0][0]
+        assert fts == vectors == tags == len(stored) == PROCESSES * SAVES
+        assert read("INSERT INTO memories_fts(memories_fts) VALUES ('integrity-check')") == []
+        # Each worker's memories are all findable through its tag, on both retrieval sides.
+        for w in range(PROCESSES):
+            for weight in (0.0, 1.0):
+                found = eng.recall("memory about topic0 topic1 topic2 topic3 topic4 worker", tags=[f"w{w}"], top_k=100, max_tokens=100_000, dense_weight=weight)
+                assert len(found["memories"]) == SAVES
+
+
+def test_threads_share_one_engine(hash_engine):
+    errors: list[BaseException] = []
+    saved: list[int] = []
+    start = threading.Barrier(4)
+
+    def saver(n: int) -> None:
+        try:
+            start.wait(timeout=30)
+            for i in range(20):
+                saved.extend(hash_engine.save([f"thread {n} note {i}"], session_id="t")["ids"])
+        except BaseException as exc:
+            errors.append(exc)
+
+    def reader() -> None:
+        try:
+            start.wait(timeout=30)
+            for i in range(20):
+                out = hash_engine.recall(f"thread note {i}", top_k=5)
+                assert all(m["content"].startswith("thread") for m in out["memories"])
+                hash_engine.stats()
+        except BaseException as exc:
+            errors.append(exc)
+
+    hash_engine.save(["thread seed note"], session_id="t")
+    threads = [threading.Thread(target=saver, args=(n,)) for n in range(2)] + [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+        assert not t.is_alive()
+    assert errors == []
+    assert len(saved) == len(set(saved)) == 40
+    stats = hash_engine.stats()
+    assert stats["memories"] == stats["vectors"] == 41
+    assert hash_engine.store.read("PRAGMA integrity_check")[0][0] == "ok"

@@ -1,0 +1,200 @@
+"""The embedder on real models: the built-in int8 MiniLM (no network), the ../shared ONNX bundles
+and the model2vec static bundle."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from tinycontext.embeddings import Embedder
+from tinycontext.errors import ModelUnavailableError
+from tinycontext.model_hub import BUILTIN_REVISION, BUILTIN_SHA256, builtin_bundle, resolve_model
+
+SENTENCES = [
+    "The cat sat on the mat.",
+    "Quantum entanglement links particles across distance.",
+    "I had pasta for dinner with my sister last Tuesday.",
+    "How do I reset my router password?",
+    "Melanie painted a sunrise over the lake in 2022.",
+]
+FILLER = "the cat sat on a mat and the dog ran to the park with his friend".split()
+
+
+@pytest.fixture(scope="module")
+def fast():
+    return builtin_bundle()
+
+
+@pytest.fixture(scope="module")
+def plain(fast) -> Embedder:
+    """No cache (every call computes) and small batches (several padded batches per call)."""
+    return Embedder(fast, cache_size=0, batch_size=3)
+
+
+@pytest.fixture(scope="module")
+def count_tokens(fast):
+    tokenizer = Tokenizer.from_file(str(fast.tokenizer_file))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return lambda text: len(tokenizer.encode(text).ids)  # with [CLS] and [SEP]
+
+
+def filler(n_words: int) -> str:
+    return " ".join(FILLER[i % len(FILLER)] for i in range(n_words))
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def test_fast_is_the_pinned_builtin_model(fast, tmp_path):
+    model_bytes = fast.model_file.read_bytes()
+    assert fast.sha256 == BUILTIN_SHA256 == hashlib.sha256(model_bytes).hexdigest()
+    assert (fast.revision, fast.dimensions, fast.max_tokens, fast.pooling) == (BUILTIN_REVISION, 384, 256, "mean")
+    assert resolve_model("fast", tmp_path) == fast
+
+
+NO_NETWORK = """
+import json, sys
+from pathlib import Path
+
+def refuse(event, args):
+    if event.startswith("socket.") and event != "socket.__new__":
+        raise RuntimeError(f"network used: {event} {args}")
+
+sys.addaudithook(refuse)
+from tinycontext.embeddings import Embedder
+from tinycontext.model_hub import resolve_model
+vector = Embedder(resolve_model("fast", Path(sys.argv[1]))).embed_query(sys.argv[2])
+print(json.dumps(vector.tolist()))
+"""
+
+
+def test_fast_needs_no_network(real_embedder, tmp_path):
+    """In a fresh process where any socket use raises, 'fast' resolves, loads and embeds."""
+    models_dir = tmp_path / "models"
+    text = "Where did we park the car?"
+    proc = subprocess.run([sys.executable, "-c", NO_NETWORK, str(models_dir), text], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert proc.returncode == 0, proc.stderr
+    np.testing.assert_allclose(json.loads(proc.stdout), real_embedder.embed_query(text), atol=1e-6)
+    assert not models_dir.exists()  # nothing downloaded, nothing written
+
+
+def test_vectors_are_normalised_float32(real_embedder):
+    vectors = real_embedder.embed_documents(SENTENCES)
+    assert vectors.shape == (len(SENTENCES), 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert real_embedder.embed(SENTENCES[:0], "document").shape == (0, 384)
+
+
+def test_batching_does_not_change_vectors(plain):
+    texts = [SENTENCES[2], "ok", filler(120), SENTENCES[0], filler(40), "a", SENTENCES[1]]  # unsorted lengths
+    alone = np.stack([plain.embed([t], "document")[0] for t in texts])
+    together = plain.embed(texts, "document")  # length-sorted, padded per batch of 3
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+
+
+def test_long_text_is_not_cut_at_the_shipped_128(plain, fast, count_tokens):
+    # The shipped tokenizer.json truncates (and pads) at 128; the embedder must not.
+    assert Tokenizer.from_file(str(fast.tokenizer_file)).truncation["max_length"] == 128
+    prefix = filler(150)
+    a, b = prefix + " " + filler(90), prefix + " " + " ".join(reversed(FILLER * 6))
+    assert count_tokens(prefix) >= 150 and max(count_tokens(a), count_tokens(b)) < fast.max_tokens
+    va, vb = plain.embed([a, b], "document")
+    assert cosine(va, vb) < 0.9999
+
+
+def test_text_is_truncated_at_max_tokens(plain, fast, count_tokens):
+    prefix = filler(300)
+    assert count_tokens(prefix) > fast.max_tokens
+    va, vb = plain.embed([prefix + " apples and pears", prefix + " rockets and satellites"], "document")
+    assert np.array_equal(va, vb)
+    short = Embedder(replace(fast, max_tokens=32), cache_size=0)
+    a, b = filler(40) + " apples and pears", filler(40) + " rockets and satellites"
+    assert np.array_equal(*short.embed([a, b], "document"))
+    assert cosine(*plain.embed([a, b], "document")) < 0.9999
+
+
+def test_lru_cache(fast, monkeypatch):
+    embedder = Embedder(fast, cache_size=2)
+    computed: list[str] = []
+    compute = embedder._compute
+    monkeypatch.setattr(embedder, "_compute", lambda texts, progress: computed.extend(texts) or compute(texts, progress=progress))
+    first = embedder.embed_query("alpha")
+    assert np.array_equal(embedder.embed_query("alpha"), first) and computed == ["alpha"]  # a hit
+    embedder.embed(["beta", "gamma", "beta"], "document")  # duplicates computed once; evicts "alpha"
+    assert computed == ["alpha", "beta", "gamma"]
+    assert np.array_equal(embedder.embed_query("alpha"), first) and computed[-1] == "alpha"
+
+
+def test_cache_size_zero_computes_every_time(plain, monkeypatch):
+    computed: list[str] = []
+    compute = plain._compute
+    monkeypatch.setattr(plain, "_compute", lambda texts, progress: computed.extend(texts) or compute(texts, progress=progress))
+    first = plain.embed_query("alpha")
+    assert np.array_equal(plain.embed_query("alpha"), first) and computed == ["alpha", "alpha"]
+
+
+def test_prefixes_are_applied_and_recorded(fast, plain):
+    embedder = Embedder(fast, query_prefix="query: ", document_prefix="passage: ")
+    assert (embedder.identity["query_prefix"], embedder.identity["document_prefix"]) == ("query: ", "passage: ")
+    np.testing.assert_allclose(embedder.embed_query("red fruit"), plain.embed(["query: red fruit"], "document")[0], atol=1e-6)
+    np.testing.assert_allclose(embedder.embed_documents(["red fruit"])[0], plain.embed(["passage: red fruit"], "document")[0], atol=1e-6)
+    assert not np.allclose(embedder.embed_query("red fruit"), embedder.embed_documents(["red fruit"])[0])
+
+
+def test_empty_prefix_setting_means_the_models_own(fast, plain):
+    embedder = Embedder(replace(fast, query_prefix="search_query: "), query_prefix="", document_prefix="passage: ")
+    assert (embedder.identity["query_prefix"], embedder.identity["document_prefix"]) == ("search_query: ", "passage: ")
+    np.testing.assert_allclose(embedder.embed_query("red fruit"), plain.embed(["search_query: red fruit"], "document")[0], atol=1e-6)
+
+
+def test_cls_pooling_differs_from_mean(fast, plain):
+    cls = Embedder(fast, pooling="cls", cache_size=0)
+    assert (cls.identity["pooling"], plain.identity["pooling"]) == ("cls", "mean")
+    assert np.all(cosine(cls.embed(SENTENCES, "document"), plain.embed(SENTENCES, "document")) < 0.999)
+
+
+@pytest.mark.parametrize("pooling, message", [("graph", "sentence_embedding"), ("static", "cannot be used"), ("max", "cannot be used")])
+def test_unusable_pooling_is_model_unavailable(fast, pooling, message):
+    with pytest.raises(ModelUnavailableError, match=message) as info:
+        Embedder(fast, pooling=pooling)
+    assert info.value.code == "model_unavailable"
+
+
+def test_progress_bar_goes_to_stderr(plain, capsys):
+    plain.embed_documents(SENTENCES, progress=True)
+    out, err = capsys.readouterr()
+    assert out == "" and "embedding" in err
+
+
+def test_quantised_bundles_stay_close_to_fp32(shared_dir, tmp_path):
+    models = shared_dir / "models"
+    vectors = {name: Embedder(resolve_model(str(models / f"minilm-l6-{name}"), tmp_path)).embed_documents(SENTENCES)
+               for name in ("fp32", "int8", "qint8")}
+    assert np.all(cosine(vectors["int8"], vectors["fp32"]) >= 0.99)
+    assert np.all(cosine(vectors["qint8"], vectors["fp32"]) >= 0.95)
+
+
+def test_model2vec_static_bundle(shared_dir, tmp_path):
+    bundle = resolve_model(str(shared_dir / "models" / "minilm-l6-static256"), tmp_path)
+    assert (bundle.pooling, bundle.dimensions) == ("static", 256)
+    assert bundle.revision == f"sha256:{bundle.sha256[:16]}"
+    embedder = Embedder(bundle)
+    vectors = embedder.embed_documents(SENTENCES + ["A kitten rested on the rug."])
+    assert vectors.shape == (len(SENTENCES) + 1, 256)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    similar, unrelated = cosine(vectors[0], vectors[-1]), cosine(vectors[1], vectors[-1])
+    assert similar > unrelated
+    with pytest.raises(ModelUnavailableError, match="cannot be used"):
+        Embedder(bundle, pooling="mean")

@@ -1,0 +1,101 @@
+"""Dataset loaders on small fixtures written here, and on the shipped tiny dataset."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from evals.datasets import load_beir, load_hf_beir, load_locomo, load_tiny
+from tinycontext.errors import ConfigError, MissingExtraError
+
+
+def test_tiny_dataset_is_complete():
+    ds = load_tiny()
+    assert (len(ds.docs), len(ds.queries), len(ds.judged)) == (30, 10, 10)
+    ids = {d.id for d in ds.docs}
+    assert all(set(rels) <= ids for rels in ds.qrels.values())
+    assert ds.naive_dump == "top100" and ds.query_sessions is None and len(ds.fingerprint) == 64
+
+
+def write_beir(folder, header=True):
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text(
+        json.dumps({"_id": "a", "title": "Title A", "text": "Body A."}) + "\n"
+        + json.dumps({"_id": "b", "title": "", "text": "Body B."}) + "\n"
+        + json.dumps({"_id": "c", "title": "", "text": "  "}) + "\n", encoding="utf-8")
+    (folder / "queries.jsonl").write_text(
+        json.dumps({"_id": "1", "text": "first?"}) + "\n" + json.dumps({"_id": "2", "text": "second?"}) + "\n", encoding="utf-8")
+    lines = ["query-id\tcorpus-id\tscore"] if header else []
+    (folder / "qrels" / "test.tsv").write_text("\n".join([*lines, "1\ta\t2", "1\tb\t0", "2\tb\t1"]) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("header", [True, False])
+def test_beir_folder(tmp_path, header):
+    write_beir(tmp_path / "mini", header)
+    ds = load_beir(tmp_path / "mini")
+    assert ds.name == "mini"
+    assert [(d.id, d.text) for d in ds.docs] == [("a", "Title A\nBody A."), ("b", "Body B.")]  # empty doc dropped
+    assert ds.qrels == {"1": {"a": 2, "b": 0}, "2": {"b": 1}}
+    assert ds.judged == ["1", "2"]
+
+
+def test_beir_fingerprint_follows_content(tmp_path):
+    write_beir(tmp_path / "x")
+    before = load_beir(tmp_path / "x").fingerprint
+    with open(tmp_path / "x" / "qrels" / "test.tsv", "a", encoding="utf-8") as fh:
+        fh.write("2\ta\t1\n")
+    assert load_beir(tmp_path / "x").fingerprint != before
+
+
+def test_beir_missing_files_say_what_to_pass(tmp_path):
+    with pytest.raises(ConfigError, match="dataset.path="):
+        load_beir(tmp_path, split="dev")
+
+
+def test_locomo(tmp_path):
+    sample = {
+        "sample_id": "conv-1",
+        "conversation": {
+            "speaker_a": "Ann", "speaker_b": "Ben", "session_1_date_time": "1 May 2023",
+            "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "I adopted a dog."},
+                          {"speaker": "Ben", "dia_id": "D1:2", "text": "Nice!", "blip_caption": "a puppy"}],
+            "session_2_date_time": "2 May 2023",
+            "session_2": [{"speaker": "Ann", "dia_id": "D2:1", "text": "The dog is called Rex."}],
+        },
+        "qa": [
+            {"question": "What pet?", "answer": "dog", "evidence": ["D1:1"], "category": 1},
+            {"question": "Name?", "answer": "Rex", "evidence": ["D1:1; D2:1", "D9:9"], "category": 4},
+            {"question": "Trick?", "answer": "none", "evidence": [], "category": 5},
+            {"question": "Adversarial", "answer": "x", "evidence": ["D1:2"], "category": 5},
+        ],
+    }
+    file = tmp_path / "locomo.json"
+    file.write_text(json.dumps([sample]), encoding="utf-8")
+    ds = load_locomo(file)
+    assert [d.id for d in ds.docs] == ["conv-1:D1:1", "conv-1:D1:2", "conv-1:D2:1"]
+    assert ds.docs[1].text == "Ben: Nice! [shares a photo: a puppy]" and {d.session for d in ds.docs} == {"conv-1"}
+    assert ds.queries == {"conv-1:q0": "What pet?", "conv-1:q1": "Name?"}
+    assert ds.qrels["conv-1:q1"] == {"conv-1:D1:1": 1, "conv-1:D2:1": 1}  # packed ids split, unknown D9:9 dropped
+    assert ds.query_sessions == {"conv-1:q0": "conv-1", "conv-1:q1": "conv-1"} and ds.naive_dump == "session"
+    assert set(load_locomo(file, categories=[5]).queries) == {"conv-1:q3"}
+
+
+def test_real_locomo_dev_shape(shared_dir):
+    ds = load_locomo(shared_dir / "datasets" / "locomo" / "locomo-dev.json")
+    assert len({d.session for d in ds.docs}) == 5
+    assert len(ds.judged) == len(ds.queries) > 700
+    ids = {d.id for d in ds.docs}
+    assert all(set(r) <= ids for r in ds.qrels.values())
+
+
+def test_hub_loader_offline_says_what_to_pass_instead(monkeypatch, tmp_path):
+    if importlib.util.find_spec("datasets") is None:
+        with pytest.raises(MissingExtraError, match="dataset.path"):
+            load_hf_beir("BeIR/scifact", "BeIR/scifact-qrels")
+        return
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="dataset.path"):
+        load_hf_beir("BeIR/scifact", "BeIR/scifact-qrels", cache_dir=str(tmp_path))

@@ -1,0 +1,64 @@
+"""Metrics against values computed by hand, and the on-disk embedding cache against the real model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from evals.embedding_cache import CachedEmbedder, model_key
+from evals.metrics import latency_summary, mean_quality, per_query_quality, recall_within, token_summary
+from tinycontext.embeddings import Embedder
+
+
+def test_quality_by_hand():
+    qrels = {"q1": {"a": 2, "b": 1, "c": 0}, "q2": {"d": 1}, "q3": {"e": 1}, "q4": {"a": 0}}
+    run = {
+        "q1": {"x": 3.0, "a": 2.0, "b": 1.0},                           # relevant at ranks 2 and 3
+        "q2": {**{f"n{i}": 100.0 - i for i in range(10)}, "d": 1.0},   # relevant at rank 11
+        "unjudged": {"a": 1.0},
+    }                                                                  # q3 judged, nothing retrieved
+    per_query = per_query_quality(qrels, run)
+    assert set(per_query) == {"q1", "q2", "q3"}  # q4 has no relevant document: not judged
+    # trec_eval nDCG: linear gain. DCG = 2/log2(3) + 1/log2(4); ideal = 2/log2(2) + 1/log2(3).
+    ndcg_q1 = (2 / math.log2(3) + 1 / math.log2(4)) / (2 + 1 / math.log2(3))
+    assert per_query["q1"] == pytest.approx({"ndcg@10": ndcg_q1, "recall@10": 1.0, "recall@100": 1.0, "mrr@10": 0.5})
+    assert per_query["q2"] == pytest.approx({"ndcg@10": 0.0, "recall@10": 0.0, "recall@100": 1.0, "mrr@10": 0.0})
+    assert per_query["q3"] == {"ndcg@10": 0.0, "recall@10": 0.0, "recall@100": 0.0, "mrr@10": 0.0}
+    assert mean_quality(per_query) == pytest.approx(
+        {"ndcg@10": ndcg_q1 / 3, "recall@10": 1 / 3, "recall@100": 2 / 3, "mrr@10": 0.5 / 3})
+
+
+def test_budget_tokens_latency():
+    assert recall_within(["a", "x"], {"a": 2, "b": 1, "c": 0}) == 0.5
+    assert recall_within([], {"a": 1}) == 0.0
+    tokens = token_summary([100, 300], [1000, 1000])
+    assert tokens == pytest.approx({"tokens_returned": 200.0, "tokens_naive": 1000.0, "token_savings": 80.0})
+    lat = latency_summary([float(i) for i in range(1, 101)])
+    assert lat["recall_p50_ms"] == pytest.approx(50.5) and lat["recall_p95_ms"] == pytest.approx(95.05)
+
+
+def test_cache_returns_the_models_vectors_and_skips_recompute(real_embedder, tmp_path):
+    texts = ["The cat sat on the mat.", "Quarterly revenue grew 4%.", "The cat sat on the mat."]
+    first = CachedEmbedder(real_embedder, tmp_path)
+    vectors = first.embed_documents(texts)
+    assert np.allclose(vectors, real_embedder.embed(texts, "document"), atol=1e-6)
+    assert first.computed == 2  # the repeated text is embedded once
+    first.embed_query("where is the cat?")
+    assert first.take_replayed_ms() == 0.0  # computed now: its time is in the caller's own timing
+
+    again = CachedEmbedder(real_embedder, tmp_path)  # a new process would see the same file
+    assert np.array_equal(again.embed_documents(texts), vectors)
+    assert again.embed_query("where is the cat?").shape == (real_embedder.dimensions,)
+    assert again.computed == 0 and again.hits == 3
+    assert again.take_replayed_ms() > 0.0 and again.take_replayed_ms() == 0.0
+
+
+def test_cache_key_tracks_pooling_and_prefix(real_embedder, tmp_path):
+    cls = Embedder(real_embedder.bundle, pooling="cls")
+    assert model_key(cls) != model_key(real_embedder)
+    prefixed = CachedEmbedder(Embedder(real_embedder.bundle, query_prefix="query: "), tmp_path)
+    plain = CachedEmbedder(real_embedder, tmp_path)
+    assert not np.allclose(prefixed.embed_query("a dog"), plain.embed_query("a dog"))
+    assert prefixed.identity["query_prefix"] == "query: "

@@ -1,0 +1,223 @@
+"""The SQLite file: pragmas, migrations from older schemas, newer-schema refusal, driver choice,
+and the embedder identity recorded in the database (mismatch, reindex)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+
+from conftest import HashEmbedder
+from tinycontext import MemoryEngine, ModelMismatchError, StorageError
+from tinycontext.engine import _content_hash
+from tinycontext.store import BUSY_TIMEOUT_MS, SCHEMA_VERSION, Store, now_iso
+
+
+def pragma(store: Store, name: str):
+    return store.read(f"PRAGMA {name}")[0][0]
+
+
+def counts(engine: MemoryEngine) -> tuple[int, int, int, int]:
+    read = engine.store.read
+    return (read("SELECT count(*) FROM memories")[0][0], read("SELECT count(*) FROM memory_vectors")[0][0],
+            read("SELECT count(*) FROM memories_fts")[0][0], read("SELECT count(*) FROM memory_tags")[0][0])
+
+
+def test_pragmas(hash_engine):
+    store = hash_engine.store
+    assert SCHEMA_VERSION == 2
+    assert pragma(store, "user_version") == 2 == store.schema_version
+    assert pragma(store, "journal_mode") == "wal"
+    assert pragma(store, "busy_timeout") == BUSY_TIMEOUT_MS > 0
+    assert pragma(store, "foreign_keys") == 1
+    assert pragma(store, "integrity_check") == "ok"
+
+
+def test_write_rolls_back_on_error(hash_engine):
+    hash_engine.save(["before"])
+    with pytest.raises(RuntimeError):
+        with hash_engine.store.write() as conn:
+            conn.execute("DELETE FROM memories")
+            raise RuntimeError("boom")
+    assert [m["content"] for m in hash_engine.recall("before")["memories"]] == ["before"]
+
+
+# -- migrations ---------------------------------------------------------------------------------
+
+V1_ROWS = [
+    ("work", "The deploy key rotates every 90 days.", ["security", "ops"], {"source": "wiki"}),
+    ("work", "Standup is at 09:30 in room Ada.", ["meetings"], {}),
+    ("home", "Water the ficus on Sundays.", [], {"plant": True}),
+]
+
+
+def build_v1(path) -> list[int]:
+    """A database as TinyContext schema v1 left it: no versions, no tag index, no vectors table."""
+    store = Store(path, target_version=1)
+    assert store.schema_version == 1
+    ids = []
+    with store.write() as conn:
+        for session, content, tags, meta in V1_ROWS:
+            stamp = now_iso()
+            conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, stamp))
+            cur = conn.execute(
+                "INSERT INTO memories(session_id, content, tags, metadata, content_hash, tokens, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (session, content, json.dumps(tags), json.dumps(meta), _content_hash(content), len(content.split()), stamp))
+            ids.append(cur.lastrowid)
+    assert not store.read("SELECT 1 FROM sqlite_master WHERE name IN ('memory_tags', 'memory_versions', 'memory_vectors')")
+    store.close()
+    return ids
+
+
+def test_migration_from_v1(config):
+    ids = build_v1(config.memory_db_path)
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        assert eng.store.schema_version == 2
+        assert eng.reindexed == len(V1_ROWS)
+        assert counts(eng) == (3, 3, 3, 3)
+        for mid, (session, content, tags, meta) in zip(ids, V1_ROWS):
+            memory = eng.get(mid)
+            assert (memory["session_id"], memory["content"], memory["tags"], memory["metadata"]) == (session, content, tags, meta)
+            assert memory["version"] == 1 and memory["updated_at"] == memory["created_at"] and memory["history"] == []
+        assert {(r[0], r[1]) for r in eng.store.read("SELECT memory_id, tag FROM memory_tags")} == {
+            (ids[0], "security"), (ids[0], "ops"), (ids[1], "meetings")}
+        # Recall works on both sides, with tags and sessions.
+        for weight in (0.0, 1.0):
+            assert [m["id"] for m in eng.recall("deploy key rotates", dense_weight=weight, top_k=1)["memories"]] == [ids[0]]
+        assert [m["id"] for m in eng.recall("standup deploy", tags=["meetings"])["memories"]] == [ids[1]]
+        assert [m["id"] for m in eng.recall("ficus Sundays", session_id="home")["memories"]] == [ids[2]]
+        # v1 hashes still catch duplicates; edits get history.
+        assert eng.save(["Water the ficus  on Sundays."], session_id="home")["skipped"][0]["duplicate_of"] == ids[2]
+        assert eng.update(ids[1], "Standup moved to 10:00.")["history"][0]["content"] == V1_ROWS[1][1]
+    # Reopening does not migrate or re-embed again.
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        assert eng.reindexed == 0 and eng.store.schema_version == 2 and counts(eng)[:3] == (3, 3, 3)
+
+
+def test_newer_schema_is_refused(config):
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        eng.save(["from the future"])
+    raw = sqlite3.connect(config.memory_db_path)
+    raw.execute("PRAGMA user_version = 99")
+    raw.close()
+    with pytest.raises(StorageError) as err:
+        MemoryEngine(config, embedder=HashEmbedder())
+    assert err.value.code == "storage_error" and "v99" in err.value.message and "Upgrade" in err.value.message
+    raw = sqlite3.connect(config.memory_db_path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 99
+    assert raw.execute("SELECT content FROM memories").fetchall() == [("from the future",)]
+    raw.close()
+
+
+def test_not_a_database_is_storage_error(config):
+    config.memory_db_path.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(StorageError, match="memory_db_path"):
+        MemoryEngine(config, embedder=HashEmbedder())
+
+
+# -- embedder identity --------------------------------------------------------------------------
+
+def test_real_model_identity_recorded(engine, real_embedder):
+    engine.save(["identity check"])
+    stored = json.loads(engine.store.read("SELECT value FROM meta WHERE key = 'embedder'")[0][0])
+    assert stored == real_embedder.identity == engine.stats()["embedder"]
+    assert set(stored) >= {"model", "revision", "dimensions", "pooling", "query_prefix", "document_prefix"}
+    assert stored["dimensions"] == 384 and stored["pooling"] == "mean" and stored["model"] and stored["revision"]
+    vector = engine.store.read("SELECT embedding FROM memory_vectors")[0][0]
+    assert len(vector) == 384 * 4
+
+
+@pytest.mark.parametrize("other", [HashEmbedder(model="other-model"), HashEmbedder(dimensions=32)])
+def test_model_mismatch_then_reindex(config, other):
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        ids = eng.save(["alpha memory about rivers", "beta memory about mountains", "gamma memory about oceans"])["ids"]
+        before = counts(eng)
+    with pytest.raises(ModelMismatchError) as err:
+        MemoryEngine(config, embedder=other)
+    assert err.value.code == "model_mismatch" and "reindex" in err.value.message
+    assert err.value.details["stored"] == HashEmbedder().identity and err.value.details["configured"] == other.identity
+    # Nothing lost: the original embedder still opens it and finds everything.
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        assert eng.reindexed == 0 and counts(eng) == before
+        assert [m["id"] for m in eng.recall("rivers", dense_weight=1.0, top_k=1)["memories"]] == [ids[0]]
+    with MemoryEngine(config.model_copy(update={"reindex": "auto"}), embedder=other) as eng:
+        assert eng.reindexed == len(ids)
+        assert counts(eng) == before
+        assert eng.stats()["embedder"] == other.identity
+        vectors = eng.store.read("SELECT memory_id, embedding FROM memory_vectors ORDER BY memory_id")
+        assert [len(v) for _, v in vectors] == [other.dimensions * 4] * 3
+        assert np.allclose(np.frombuffer(vectors[1][1], np.float32), other.embed_documents(["beta memory about mountains"])[0])
+        assert [m["id"] for m in eng.recall("mountains", dense_weight=1.0, top_k=1)["memories"]] == [ids[1]]
+        assert eng.save(["delta memory about deserts"])["ids"]
+
+
+def test_empty_database_rebinds_without_complaint(config):
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        eng.delete(eng.save(["temporary"])["ids"][0])
+    with MemoryEngine(config, embedder=HashEmbedder(dimensions=16, model="new")) as eng:
+        assert eng.stats()["embedder"]["model"] == "new"
+        assert eng.save(["works"])["ids"]
+
+
+def test_concurrent_first_open_keeps_vectors(config):
+    """Another process binding and saving between this one's reads and its write must not lose vectors."""
+    build_v1(config.memory_db_path)
+    other: list[MemoryEngine] = []
+
+    def embed_all(texts):
+        # Runs between bind_embedder's reads and its write: meanwhile a second engine opens and saves.
+        eng = MemoryEngine(config, embedder=HashEmbedder())
+        eng.save(["saved by the other process"])
+        other.append(eng)
+        return HashEmbedder().embed_documents(texts)
+
+    store = Store(config.memory_db_path)
+    assert store.bind_embedder(HashEmbedder().identity, reindex="error", embed_all=embed_all) == 0
+    store.close()
+    other[0].close()
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        assert counts(eng)[:3] == (4, 4, 4)
+        assert eng.recall("saved by the other process", dense_weight=1.0, top_k=1)["memories"][0]["content"] == "saved by the other process"
+
+
+def test_concurrent_reindex_embeds_memories_saved_meanwhile(config):
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        eng.save(["first memory"])
+    new = HashEmbedder(model="new-model")
+
+    calls: list[int] = []
+
+    def embed_all(texts):
+        calls.append(len(texts))
+        if len(calls) == 1:  # the second call runs inside the write transaction
+            with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+                eng.save(["second memory saved meanwhile"])
+        return new.embed_documents(texts)
+
+    store = Store(config.memory_db_path)
+    assert store.bind_embedder(new.identity, reindex="auto", embed_all=embed_all) == 2
+    store.close()
+    assert calls == [1, 2]
+    with MemoryEngine(config, embedder=new) as eng:
+        assert counts(eng)[:3] == (2, 2, 2)
+
+
+# -- driver -------------------------------------------------------------------------------------
+
+def test_forced_stdlib_driver_without_extension_loading(config, monkeypatch):
+    if hasattr(sqlite3.Connection, "enable_load_extension"):
+        pytest.skip("this Python's sqlite3 can load extensions")
+    monkeypatch.setenv("TINYCONTEXT_SQLITE_DRIVER", "sqlite3")
+    with pytest.raises(StorageError) as err:
+        MemoryEngine(config, embedder=HashEmbedder())
+    assert "enable_load_extension" in err.value.message and "TINYCONTEXT_SQLITE_DRIVER" in err.value.message
+    assert not config.memory_db_path.exists()
+
+
+def test_forced_sqlean_driver(config, monkeypatch):
+    monkeypatch.setenv("TINYCONTEXT_SQLITE_DRIVER", "sqlean")
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        assert eng.store.driver.__name__.startswith("sqlean") and "forced" in eng.store.driver_reason
+        assert eng.save(["through sqlean"])["ids"]

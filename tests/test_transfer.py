@@ -1,0 +1,196 @@
+"""Export/import round trips, legacy TinyContext import, and online backup, on real SQLite files."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+from conftest import HashEmbedder
+
+from tinycontext import MemoryEngine, TinyContextConfig
+from tinycontext.errors import InvalidInputError
+from tinycontext.transfer import backup, export_jsonl, import_file, import_jsonl
+
+LEGACY_SCHEMA = """
+CREATE TABLE memories (
+  id TEXT PRIMARY KEY, session_id TEXT, content TEXT NOT NULL, created_at TEXT NOT NULL,
+  embedding BLOB, embedding_model TEXT, embedding_dimensions INTEGER,
+  superseded_by TEXT, superseded_at TEXT, last_recalled_at TEXT, recall_count INTEGER NOT NULL DEFAULT 0,
+  kind TEXT NOT NULL DEFAULT 'episodic');
+CREATE VIRTUAL TABLE memories_fts USING fts5(id UNINDEXED, session_id UNINDEXED, content);
+"""
+
+
+def _engine(tmp_path, name, embedder=None):
+    config = TinyContextConfig(memory_db_path=tmp_path / f"{name}.db", models_dir=tmp_path / "models")
+    return MemoryEngine(config, embedder=embedder or HashEmbedder())
+
+
+def _dump(engine, **kwargs) -> str:
+    out = io.StringIO()
+    export_jsonl(engine, out, **kwargs)
+    return out.getvalue()
+
+
+def _consistent(engine) -> None:
+    store = engine.store
+    assert store.read("PRAGMA integrity_check")[0][0] == "ok"
+    store.read("INSERT INTO memories_fts(memories_fts) VALUES ('integrity-check')")
+    ids = {r[0] for r in store.read("SELECT id FROM memories")}
+    assert {r[0] for r in store.read("SELECT memory_id FROM memory_vectors")} == ids
+    assert {r[0] for r in store.read("SELECT rowid FROM memories_fts")} == ids
+    tagged = {(r[0], t) for r in store.read("SELECT id, tags FROM memories") for t in json.loads(r[1])}
+    assert set(store.read("SELECT memory_id, tag FROM memory_tags")) == tagged
+
+
+@pytest.fixture
+def source(tmp_path):
+    with _engine(tmp_path, "source") as engine:
+        engine.save([{"content": "Alice prefers tabs over spaces", "tags": ["style"], "metadata": {"who": "alice", "n": [1, 2]}},
+                      {"content": "The release train leaves on Thursdays"}], session_id="team")
+        engine.save(["Bob is allergic to peanuts"], session_id="bob")
+        engine.update(1, "Alice prefers tabs, width 4", tags=["style", "editor"])
+        engine.delete(2)
+        with engine.store.write() as conn:  # a session with no memories must survive too
+            conn.execute("INSERT INTO sessions(id, created_at) VALUES ('empty', '2024-01-01T00:00:00+00:00')")
+        yield engine
+
+
+def test_round_trip_keeps_everything_and_reuses_vectors(tmp_path, source):
+    text = _dump(source)
+    with _engine(tmp_path, "target") as target:
+        report = import_jsonl(target, io.StringIO(text))
+        assert (report.imported, report.embedded, report.history, report.renumbered) == (2, 0, 1, {})
+        for memory_id in (1, 3):
+            assert target.get(memory_id) == source.get(memory_id)
+        assert {s["session_id"]: s["created_at"] for s in target.sessions()} == {s["session_id"]: s["created_at"] for s in source.sessions()}
+        same = target.store.read("SELECT embedding FROM memory_vectors WHERE memory_id = 1")[0][0]
+        assert same == source.store.read("SELECT embedding FROM memory_vectors WHERE memory_id = 1")[0][0]
+        assert target.recall("tabs", session_id="team")["memories"][0]["id"] == 1
+        assert target.recall("tabs", tags=["editor"])["memories"][0]["id"] == 1
+        _consistent(target)
+        again = import_jsonl(target, io.StringIO(text))
+        assert (again.imported, again.skipped) == (0, 2)
+        assert _dump(target).splitlines()[1:] == text.splitlines()[1:]
+
+
+def test_other_embedder_re_embeds_and_taken_ids_are_renumbered(tmp_path, source):
+    text = _dump(source, session_id="team")
+    assert [json.loads(line)["type"] for line in text.splitlines()] == ["header", "session", "memory"]
+    other = HashEmbedder(dimensions=32, model="hash-other")
+    with _engine(tmp_path, "other", other) as target:
+        target.save(["Something already at id one"], session_id="mine")
+        report = import_jsonl(target, io.StringIO(text))
+        assert (report.imported, report.embedded, report.renumbered) == (1, 1, {1: 2})
+        vector = np.frombuffer(target.store.read("SELECT embedding FROM memory_vectors WHERE memory_id = 2")[0][0], np.float32)
+        assert np.allclose(vector, other.embed_documents(["Alice prefers tabs, width 4"])[0])
+        assert target.get(2)["history"][0]["content"] == "Alice prefers tabs over spaces"
+        _consistent(target)
+
+
+@pytest.mark.parametrize("lines, match", [
+    (['{"type": "memory"}'], "header"),
+    (["not json"], "not JSON"),
+    (['{"type": "header", "format": "other", "format_version": 1}'], "unsupported"),
+    (['{"type": "header", "format": "tinycontext-export", "format_version": 1}', '{"type": "memory", "id": "x"}'], ":2"),
+    (['{"type": "header", "format": "tinycontext-export", "format_version": 1}',
+      '{"type": "memory", "id": 5, "session_id": "s", "created_at": "2024", "content": "a\\u0000b"}'], "NUL"),
+])
+def test_bad_export_lines_name_the_line(tmp_path, lines, match):
+    with _engine(tmp_path, "bad") as target:
+        with pytest.raises(InvalidInputError, match=match):
+            import_jsonl(target, io.StringIO("\n".join(lines)), source="f.jsonl")
+        assert target.stats()["memories"] == 0
+
+
+def _legacy_db(path, vector_model: str, dims: int, rows: list[tuple]) -> None:
+    conn = sqlite3.connect(path)
+    conn.executescript(LEGACY_SCHEMA)
+    for rid, session, content, created, vector, superseded_by in rows:
+        blob = np.asarray(vector, np.float32).tobytes() if vector is not None else None
+        conn.execute("INSERT INTO memories(id, session_id, content, created_at, embedding, embedding_model, embedding_dimensions, "
+                     "superseded_by, superseded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     (rid, session, content, created, blob, vector_model if blob else None, dims if blob else None,
+                      superseded_by, "2025-03-02T00:00:00Z" if superseded_by else None))
+        conn.execute("INSERT INTO memories_fts(id, session_id, content) VALUES (?, ?, ?)", (rid, session, content))
+    conn.commit()
+    conn.close()
+
+
+def test_legacy_tinysuite_database_imports(tmp_path, real_embedder):
+    ids = [str(uuid.uuid4()) for _ in range(4)]
+    legacy = tmp_path / "legacy.db"
+    _legacy_db(legacy, "onnx:onnx-models/all-MiniLM-L6-v2-onnx:document-prefix:e3b0c44298fc", 384, [
+        (ids[0], "work", "We deploy with Kubernetes on GKE", "2025-01-05T10:00:00Z", np.ones(384), None),
+        (ids[1], None, "Old fact: lunch is at noon", "2025-02-01T09:00:00Z", None, ids[2]),
+        (ids[2], None, "Lunch moved to 12:30", "2025-03-02T00:00:00Z", None, None),
+        (ids[3], "work", "We deploy with Kubernetes on GKE", "2025-01-06T10:00:00Z", np.ones(384), None),  # same text
+    ])
+    with _engine(tmp_path, "new", real_embedder) as target:
+        report = import_file(target, legacy)
+        assert (report.imported, report.skipped, report.history, report.embedded) == (2, 1, 1, 2)
+        memories = {m["metadata"]["legacy_id"]: m for m in (target.get(i) for i in (1, 2))}
+        deploy, lunch = memories[ids[0]], memories[ids[2]]
+        assert (deploy["session_id"], deploy["created_at"]) == ("work", "2025-01-05T10:00:00Z")
+        assert lunch["session_id"] == "default" and lunch["version"] == 2
+        assert lunch["history"][0]["content"] == "Old fact: lunch is at noon"
+        # The legacy vector came from another model, so it was replaced by a real embedding.
+        stored = np.frombuffer(target.store.read("SELECT embedding FROM memory_vectors WHERE memory_id = ?", (deploy["id"],))[0][0], np.float32)
+        assert np.allclose(stored, real_embedder.embed_documents([deploy["content"]])[0], atol=1e-5)
+        assert target.recall("where is our cluster hosted?", dense_weight=1.0)["memories"][0]["id"] == deploy["id"]
+        _consistent(target)
+        assert import_file(target, legacy).imported == 0
+
+
+def test_legacy_vectors_reused_when_model_matches(tmp_path):
+    identity_model = HashEmbedder(dimensions=8, model="bge-small-en-v1.5")  # a registry name: BAAI/bge-small-en-v1.5
+    legacy = tmp_path / "legacy.db"
+    vector = np.arange(1, 9, dtype=np.float32)
+    _legacy_db(legacy, "onnx:BAAI/bge-small-en-v1.5:document-prefix:e3b0c44298fc", 8,
+               [("a", "s", "kept vector", "2025-01-01T00:00:00Z", vector, None)])
+    with _engine(tmp_path, "new", identity_model) as target:
+        assert import_file(target, legacy).embedded == 0
+        stored = np.frombuffer(target.store.read("SELECT embedding FROM memory_vectors")[0][0], np.float32)
+        assert np.allclose(stored, vector / np.linalg.norm(vector))
+
+
+def test_not_a_legacy_database(tmp_path, source):
+    with _engine(tmp_path, "x") as target, pytest.raises(InvalidInputError, match="export"):
+        import_file(target, source.store.path)
+
+
+def test_backup_is_a_consistent_standalone_copy(tmp_path, source):
+    result = backup(source, tmp_path / "copies" / "b.db")
+    assert result["memories"] == 2
+    with pytest.raises(InvalidInputError, match="exists"):
+        backup(source, tmp_path / "copies" / "b.db")
+    config = TinyContextConfig(memory_db_path=tmp_path / "copies" / "b.db", models_dir=tmp_path / "models")
+    with MemoryEngine(config, embedder=HashEmbedder()) as copy:
+        assert copy.get(1) == source.get(1)
+        _consistent(copy)
+
+
+def test_cli_export_import_backup(tmp_path, source):
+    env_source = {"TINYCONTEXT_MEMORY_DB_PATH": str(source.store.path)}
+    def run(*args, env, **kwargs):
+        return subprocess.run([sys.executable, "-m", "tinycontext.cli", *args], env={**os.environ, **env},
+                              capture_output=True, text=True, timeout=120, **kwargs)
+
+    exported = run("export", "--no-vectors", env=env_source)
+    assert exported.returncode == 0, exported.stderr
+    assert '"vector":' not in exported.stdout and exported.stdout.count('"type": "memory"') == 2
+    target = {"TINYCONTEXT_MEMORY_DB_PATH": str(tmp_path / "cli.db"), "TINYCONTEXT_MODELS_DIR": str(tmp_path / "models")}
+    imported = run("import", "-", "--json", env=target, input=exported.stdout)
+    assert imported.returncode == 0, imported.stderr
+    assert json.loads(imported.stdout)["imported"] == 2 and json.loads(imported.stdout)["embedded"] == 2
+    backed = run("backup", str(tmp_path / "cli-backup.db"), env=target)
+    assert backed.returncode == 0 and (tmp_path / "cli-backup.db").is_file()
+    missing = run("export", env={"TINYCONTEXT_MEMORY_DB_PATH": str(tmp_path / "none.db")})
+    assert missing.returncode == 1 and missing.stderr.startswith("storage_error")

@@ -1,0 +1,404 @@
+"""The ``tinycontext`` command: the stdio MCP server (default), doctor, and memory commands for humans.
+
+Each subcommand is a function registered with ``@command(name, help, configure)``, where
+``configure`` adds its arguments; adding one is a single decorated function. TinyContext errors
+print ``code: message`` on stderr and exit 1; usage errors exit 2 (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from io import TextIOWrapper
+from typing import Callable, Iterator
+
+from . import __version__
+from .config import TinyContextConfig, load_config
+from .engine import MemoryEngine
+from .errors import InvalidInputError, TinyContextError
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int | None]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser], None] = lambda parser: None):
+    """Register ``run(args) -> exit code | None`` as subcommand ``name``."""
+
+    def register(run):
+        COMMANDS[name] = Command(name, help, configure, run)
+        return run
+
+    return register
+
+
+# -- shared helpers ---------------------------------------------------------------------------
+
+
+def config_of(args: argparse.Namespace, **updates) -> TinyContextConfig:
+    config = load_config(args.config)
+    return config.model_copy(update=updates) if updates else config
+
+
+@contextmanager
+def open_engine(args: argparse.Namespace, **updates) -> Iterator[MemoryEngine]:
+    # One-shot commands own their engine and close it; progress bars (stderr) show for long batches.
+    with MemoryEngine(config_of(args, **updates), progress=True) as engine:
+        yield engine
+
+
+def emit(args: argparse.Namespace, data, text: str) -> None:
+    print(json.dumps(data, ensure_ascii=False, indent=2) if args.json else text)
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+
+
+def parse_metadata(raw: str | None) -> dict | None:
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"--metadata is not valid JSON ({exc}); pass an object like '{{\"source\": \"chat\"}}'.") from exc
+    if not isinstance(value, dict):
+        raise InvalidInputError("--metadata must be a JSON object, like '{\"source\": \"chat\"}'.")
+    return value
+
+
+def read_memories(text: str) -> list:
+    """Memories from stdin: a JSON memory, a list of them, {"memories": [...]}, or JSONL (one per line)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    data.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise InvalidInputError(
+                        f"stdin line {number} is not JSON ({exc.msg}). Send a JSON memory {{\"content\": ...}}, "
+                        "a list of them, or JSONL with one per line.") from exc
+    if isinstance(data, dict) and "memories" in data:
+        data = data["memories"]
+    return data if isinstance(data, list) else [data]
+
+
+def with_defaults(memory, tags: list[str], metadata: dict | None):
+    """Add the command line's --tag/--metadata to a memory read from stdin (its own values win)."""
+    if isinstance(memory, str):
+        memory = {"content": memory}
+    if not isinstance(memory, dict):
+        return memory  # the engine reports what is wrong with it
+    return {**memory, "tags": [*memory.get("tags", []), *tags], "metadata": {**(metadata or {}), **memory.get("metadata", {})}}
+
+
+def render_memory(memory: dict) -> str:
+    meta = [f"#{memory['id']}", f"session {memory['session_id']}", f"v{memory['version']}", memory["updated_at"][:19]]
+    if memory["tags"]:
+        meta.append("tags: " + ", ".join(memory["tags"]))
+    lines = ["[" + " · ".join(meta) + "]", *("  " + line for line in memory["content"].splitlines())]
+    if memory["metadata"]:
+        lines.append("  metadata: " + json.dumps(memory["metadata"], ensure_ascii=False))
+    return "\n".join(lines)
+
+
+# -- commands -------------------------------------------------------------------------------
+
+
+def _serve_stdio(server) -> None:
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    # The protocol gets a private copy of stdout and fd 1 is pointed at stderr, so nothing else
+    # (a stray print, a native library) can write into the JSON-RPC stream.
+    sys.stdout.flush()
+    protocol = TextIOWrapper(os.fdopen(os.dup(sys.stdout.fileno()), "wb"), encoding="utf-8")
+    pass
+
+    async def run() -> None:
+        # FastMCP.run_stdio_async always writes to sys.stdout; its low-level server takes any streams.
+        lowlevel = server._mcp_server
+        async with stdio_server(stdout=anyio.wrap_file(protocol)) as (read, write):
+            await lowlevel.run(read, write, lowlevel.create_initialization_options())
+
+    anyio.run(run)
+
+
+@command("mcp", "run the MCP server on stdio (the default when no command is given)")
+def mcp(args):
+    from .engine import close_engines
+    from .servers.mcp_server import build_server
+
+    server = build_server(config_of(args))
+    if sys.stdin.isatty():
+        print("TinyContext MCP server on stdio; an MCP client should start it. Ctrl-C to stop; see tinycontext --help.", file=sys.stderr)
+    try:
+        _serve_stdio(server)
+    finally:
+        close_engines()
+
+
+def _doctor_args(parser):
+    add_json(parser)
+
+
+@command("doctor", "check that everything TinyContext needs works (exit 0 when ready)", _doctor_args)
+def doctor(args):
+    from .doctor import render, run_checks
+
+    report = run_checks(args.config)
+    emit(args, report, render(report))
+    return 0 if report["ok"] else 1
+
+
+def _save_args(parser):
+    parser.add_argument("content", nargs="+", help="memory text (several make several memories); '-' reads JSON/JSONL memories from stdin")
+    parser.add_argument("--tag", action="append", default=[], help="tag (repeatable)")
+    parser.add_argument("--session", help="session to save into (default: 'default')")
+    parser.add_argument("--metadata", help="JSON object stored with each memory")
+    add_json(parser)
+
+
+@command("save", "save memories", _save_args)
+def save(args):
+    metadata = parse_metadata(args.metadata)
+    if args.content == ["-"]:
+        memories = [with_defaults(m, args.tag, metadata) for m in read_memories(sys.stdin.read())]
+    else:
+        memories = [{"content": text, "tags": args.tag, "metadata": metadata or {}} for text in args.content]
+    with open_engine(args) as engine:
+        result = engine.save(memories, session_id=args.session)
+    lines = [f"Saved {len(result['ids'])} memor{'y' if len(result['ids']) == 1 else 'ies'} in session {result['session_id']}"
+             + (f": ids {', '.join(map(str, result['ids']))} ({result['total_tokens']} tokens)" if result["ids"] else "")]
+    for skip in result["skipped"]:
+        lines.append(f"  skipped #{skip['index'] + 1}: {skip['reason'].replace('_', ' ')} of id {skip.get('duplicate_of', skip.get('similar_to'))}")
+    for near in result["near_duplicates"]:
+        lines.append(f"  note: #{near['index'] + 1} is similar to id {near['similar_to']} (cosine {near['similarity']})")
+    emit(args, result, "\n".join(lines))
+
+
+def _recall_args(parser):
+    parser.add_argument("query", help="what to remember")
+    parser.add_argument("--session", help="search only this session (default: all)")
+    parser.add_argument("--max-tokens", type=int, help="token budget for the results")
+    parser.add_argument("--top-k", type=int, help="at most this many memories")
+    parser.add_argument("--tag", action="append", default=[], help="keep memories with any of these tags (repeatable)")
+    parser.add_argument("--offset", type=int, default=0, help="skip this many ranked results (paging)")
+    add_json(parser)
+
+
+@command("recall", "find the memories most relevant to a query, within a token budget", _recall_args)
+def recall(args):
+    with open_engine(args) as engine:
+        result = engine.recall(args.query, session_id=args.session, max_tokens=args.max_tokens, top_k=args.top_k,
+                               tags=args.tag, offset=args.offset)
+    lines = [f"{m['rank']}. {render_memory(m)}" for m in result["memories"]] or ["No matching memories."]
+    footer = f"{len(result['memories'])} memories, {result['total_tokens']} of {result['max_tokens']} tokens"
+    if result["omitted"]:
+        footer += f"; {len(result['omitted'])} more did not fit (raise --max-tokens)"
+    if result["next_offset"] is not None:
+        footer += f"; more with --offset {result['next_offset']}"
+    emit(args, result, "\n".join([*lines, f"-- {footer}"]))
+
+
+def _id_args(parser):
+    parser.add_argument("id", type=int, help="memory id")
+    add_json(parser)
+
+
+@command("get", "show one memory with its edit history", _id_args)
+def get(args):
+    with open_engine(args) as engine:
+        memory = engine.get(args.id)
+    history = [f"  was v{h['version']} until {h['superseded_at'][:19]}: {' '.join(h['content'].split())}" for h in memory["history"]]
+    emit(args, memory, "\n".join([render_memory(memory), *history]))
+
+
+def _update_args(parser):
+    parser.add_argument("id", type=int, help="memory id")
+    parser.add_argument("content", nargs="?", help="new text")
+    parser.add_argument("--tag", action="append", help="new tags, replacing the old ones (repeatable)")
+    parser.add_argument("--clear-tags", action="store_true", help="remove all tags")
+    parser.add_argument("--metadata", help="new metadata JSON object (replaces the old one)")
+    add_json(parser)
+
+
+@command("update", "change a memory's text, tags or metadata (the old version is kept in its history)", _update_args)
+def update(args):
+    tags = [] if args.clear_tags else args.tag
+    metadata = parse_metadata(args.metadata)
+    if args.content is None and tags is None and metadata is None:
+        raise InvalidInputError("Nothing to update: give new text, --tag, --clear-tags or --metadata.")
+    with open_engine(args) as engine:
+        memory = engine.update(args.id, args.content, tags=tags, metadata=metadata)
+    emit(args, memory, render_memory(memory))
+
+
+@command("delete", "delete a memory and its history", _id_args)
+def delete(args):
+    with open_engine(args) as engine:
+        result = engine.delete(args.id)
+    emit(args, result, f"Deleted memory {result['id']}.")
+
+
+@command("sessions", "list sessions", add_json)
+def sessions(args):
+    with open_engine(args) as engine:
+        rows = engine.sessions()
+    text = "\n".join(f"{s['session_id']}\t{s['memories']} memories\t{s['tokens']} tokens\tsince {s['created_at'][:10]}" for s in rows)
+    emit(args, rows, text or "No sessions yet.")
+
+
+@command("stats", "show database statistics", add_json)
+def stats(args):
+    with open_engine(args) as engine:
+        result = engine.stats()
+    text = "\n".join(f"{key}: {json.dumps(value) if isinstance(value, dict) else value}" for key, value in result.items())
+    emit(args, result, text)
+
+
+@command("reindex", "re-embed every memory with the configured embedding model", add_json)
+def reindex(args):
+    with open_engine(args, reindex="auto") as engine:
+        result = {"reindexed": engine.reindexed, "embedder": engine.embedder.identity}
+    model = result["embedder"]["model"]
+    text = f"Re-embedded {result['reindexed']} memories with {model}." if result["reindexed"] else f"Vectors already match {model}; nothing to re-embed."
+    emit(args, result, text)
+
+
+# -- network serving and data portability (servers/http.py, transfer.py) ----------------------
+
+
+def _serve_args(parser):
+    from .servers.http import TRANSPORTS
+
+    parser.add_argument("--host", help="address to listen on (default: $MCP_HOST or 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default: $MCP_PORT or 8765)")
+    parser.add_argument("--transport", choices=TRANSPORTS, help="MCP transport (default: $MCP_TRANSPORT or streamable-http)")
+    parser.add_argument("--rest", action="store_true", help="serve the REST API (FastAPI) instead of MCP")
+
+
+@command("serve", "serve MCP over HTTP at /mcp, or --rest the REST API; beyond loopback it needs TINYCONTEXT_API_TOKEN", _serve_args)
+def serve(args):
+    from .engine import close_engines
+    from .servers.http import ServeSettings, serve as run_server
+
+    settings = ServeSettings.from_env(host=args.host, port=args.port, transport=args.transport)
+    if settings.transport == "stdio" and not args.rest:
+        return mcp(args)
+    try:
+        run_server(settings, config_of(args), rest=args.rest)
+    finally:
+        close_engines()
+
+
+def existing_store(args):
+    from .errors import StorageError
+    from .store import Store
+
+    path = config_of(args).memory_db_path
+    if not path.is_file():
+        raise StorageError(f"No database at {path}. Check --config / TINYCONTEXT_MEMORY_DB_PATH.")
+    return Store(path)
+
+
+def _export_args(parser):
+    parser.add_argument("--session", help="export only this session")
+    parser.add_argument("-o", "--output", help="file to write (default: stdout)")
+    parser.add_argument("--no-vectors", action="store_true", help="leave vectors out (smaller; the importer re-embeds)")
+
+
+@command("export", "write memories, sessions and history as JSONL (to stdout or --output)", _export_args)
+def export(args):
+    from .transfer import export_jsonl
+
+    store = existing_store(args)
+    try:
+        with (open(args.output, "w", encoding="utf-8") if args.output else nullcontext(sys.stdout)) as out:
+            count = export_jsonl(store, out, session_id=args.session, vectors=not args.no_vectors)
+    finally:
+        store.close()
+    print(f"Exported {count} memories.", file=sys.stderr)
+
+
+def _import_args(parser):
+    parser.add_argument("path", help="a `tinycontext export` JSONL file ('-' for stdin) or a legacy TinyContext SQLite database")
+    add_json(parser)
+
+
+@command("import", "import a JSONL export, or a legacy TinyContext (tinysuite-context) database", _import_args)
+def import_(args):
+    from .transfer import import_file, import_jsonl
+
+    with open_engine(args) as engine:
+        report = (import_jsonl(engine, sys.stdin, source="stdin") if args.path == "-" else import_file(engine, args.path)).to_dict()
+    text = (f"Imported {report['imported']} memories ({report['history']} old versions, {report['embedded']} embedded), "
+            f"skipped {report['skipped']} already present.")
+    if report["renumbered"]:
+        text += f" {len(report['renumbered'])} took new ids because theirs were taken (see --json)."
+    emit(args, report, text)
+
+
+def _backup_args(parser):
+    parser.add_argument("path", help="where to write the copy")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+    add_json(parser)
+
+
+@command("backup", "copy the live database to PATH (SQLite online backup, integrity-checked)", _backup_args)
+def backup(args):
+    from .transfer import backup as backup_db
+
+    store = existing_store(args)
+    try:
+        result = backup_db(store, args.path, overwrite=args.force)
+    finally:
+        store.close()
+    emit(args, result, f"Backed up {result['memories']} memories to {result['path']} ({result['bytes']} bytes).")
+
+
+# -- entry point ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tinycontext", description="Token-light local memory for AI agents. "
+                                     "With no command, runs the MCP server on stdio.")
+    parser.add_argument("--version", action="version", version=f"tinycontext {__version__}")
+    parser.add_argument("--config", metavar="PATH", help="JSON config file (default: $TINYCONTEXT_CONFIG_PATH or the per-user one)")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for cmd in COMMANDS.values():
+        cmd.configure(subparsers.add_parser(cmd.name, help=cmd.help, description=cmd.help))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command or "mcp"].run(args) or 0
+    except TinyContextError as err:
+        print(err, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly; point stdout at devnull so the final flush cannot fail.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Protocol adapters over the engine: the MCP server (stdio here; streamable HTTP reuses its tools)."""
