@@ -2,9 +2,10 @@
 
 ``/{repo_id}/resolve/{revision}/{filename}`` answers HEAD and GET the way huggingface.co does:
 ``X-Repo-Commit`` always; small files inline with a quoted git-style ETag; large (LFS) files as a
-302 to a blob URL on a second port (the "CDN", another origin, as on the real hub) with ``X-Linked-Etag`` (their sha256) and ``X-Linked-Size``; misses as
-404 with the hub's ``X-Error-Code`` (RepoNotFound, RevisionNotFound, EntryNotFound). Every request
-is recorded so tests can count downloads.
+302 to a blob URL on a second port (the "CDN": another origin, as on the real hub, so the client
+does not follow it on HEAD) with ``X-Linked-Etag`` (their sha256) and ``X-Linked-Size``; misses as
+404 with the hub's ``X-Error-Code`` (RepoNotFound, RevisionNotFound, EntryNotFound). Blobs honour
+``Range: bytes=N-`` (resumed downloads). Every request is recorded so tests can count downloads.
 """
 
 from __future__ import annotations
@@ -83,10 +84,6 @@ class FakeHub:
         with self._lock:
             return sum(1 for m, p in self.requests if m == method and p.endswith(path_suffix))
 
-    def blob_gets(self) -> int:
-        with self._lock:
-            return sum(1 for m, p in self.requests if m == "GET" and p.startswith("/blobs/"))
-
     def _record(self, method: str, path: str) -> None:
         with self._lock:
             self.requests.append((method, path))
@@ -114,10 +111,8 @@ class FakeHub:
             return 200, {**headers, "ETag": f'"{git_sha}"'}, body
         with self._lock:
             sha = self._sha256.get(id(data))
-        if sha is None:
-            sha = hashlib.sha256(data.read_bytes() if isinstance(data, Path) else data).hexdigest()
-        with self._lock:
-            self._sha256[id(data)] = sha
+            if sha is None:
+                sha = self._sha256[id(data)] = hashlib.sha256(data.read_bytes() if isinstance(data, Path) else data).hexdigest()
             self._blobs[sha] = (data, filename.rsplit("/", 1)[-1])
         return 302, {**headers, "Location": f"{self.cdn_url}/blobs/{sha}", "ETag": f'"{sha}"',
                      "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(size)}, None

@@ -12,11 +12,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.cli import main
-
-from conftest import HashEmbedder
 
 
 @pytest.fixture
@@ -34,7 +33,7 @@ def env(tmp_path, monkeypatch) -> dict[str, str]:
 
 def tc(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}
-    return subprocess.run([sys.executable, "-m", "tinycontext.cli", *args], input=stdin, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tinycontext.cli", *args], input=stdin, capture_output=True, text=True, check=False,
                           env={**base, **env}, timeout=120)
 
 

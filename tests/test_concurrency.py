@@ -64,7 +64,8 @@ def test_processes_write_one_file_at_once(tmp_path):
                 assert len(found["memories"]) == SAVES
 
 
-def test_threads_share_one_engine(hash_engine):
+def test_threads_share_one_engine(engine):
+    """The real model, so the ONNX embedder's own locking is exercised too."""
     errors: list[BaseException] = []
     saved: list[int] = []
     start = threading.Barrier(4)
@@ -72,22 +73,22 @@ def test_threads_share_one_engine(hash_engine):
     def saver(n: int) -> None:
         try:
             start.wait(timeout=30)
-            for i in range(20):
-                saved.extend(hash_engine.save([f"thread {n} note {i}"], session_id="t")["ids"])
+            for i in range(10):
+                saved.extend(engine.save([f"thread {n} note {i}"], session_id="t")["ids"])
         except BaseException as exc:
             errors.append(exc)
 
     def reader() -> None:
         try:
             start.wait(timeout=30)
-            for i in range(20):
-                out = hash_engine.recall(f"thread note {i}", top_k=5)
+            for i in range(10):
+                out = engine.recall(f"thread note {i}", top_k=5)
                 assert all(m["content"].startswith("thread") for m in out["memories"])
-                hash_engine.stats()
+                engine.stats()
         except BaseException as exc:
             errors.append(exc)
 
-    hash_engine.save(["thread seed note"], session_id="t")
+    engine.save(["thread seed note"], session_id="t")
     threads = [threading.Thread(target=saver, args=(n,)) for n in range(2)] + [threading.Thread(target=reader) for _ in range(2)]
     for t in threads:
         t.start()
@@ -95,7 +96,7 @@ def test_threads_share_one_engine(hash_engine):
         t.join(timeout=120)
         assert not t.is_alive()
     assert errors == []
-    assert len(saved) == len(set(saved)) == 40
-    stats = hash_engine.stats()
-    assert stats["memories"] == stats["vectors"] == 41
-    assert hash_engine.store.read("PRAGMA integrity_check")[0][0] == "ok"
+    assert len(saved) == len(set(saved)) == 20
+    stats = engine.stats()
+    assert stats["memories"] == stats["vectors"] == 21
+    assert engine.store.read("PRAGMA integrity_check")[0][0] == "ok"

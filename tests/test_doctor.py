@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 import sqlite_vec
+from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.doctor import render, run_checks
 from tinycontext.model_hub import BUILTIN_NAME, BUILTIN_SHA256, MANIFEST
 from tinycontext.store import SCHEMA_VERSION, sqlite_driver
-
-from conftest import HashEmbedder
 
 
 @pytest.fixture
@@ -35,7 +34,7 @@ def env(tmp_path, monkeypatch) -> dict[str, str]:
 
 def doctor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}
-    return subprocess.run([sys.executable, "-m", "tinycontext.cli", "doctor", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tinycontext.cli", "doctor", *args], capture_output=True, text=True, check=False,
                           env={**base, **env}, timeout=120)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -56,9 +57,12 @@ def test_cache_returns_the_models_vectors_and_skips_recompute(real_embedder, tmp
 
 
 def test_cache_key_tracks_pooling_and_prefix(real_embedder, tmp_path):
-    cls = Embedder(real_embedder.bundle, pooling="cls")
+    # model_key reads only bundle, pooling and dimensions; the same bundle with CLS pooling must differ.
+    cls = SimpleNamespace(bundle=real_embedder.bundle, pooling="cls", dimensions=real_embedder.dimensions)
     assert model_key(cls) != model_key(real_embedder)
-    prefixed = CachedEmbedder(Embedder(real_embedder.bundle, query_prefix="query: "), tmp_path)
-    plain = CachedEmbedder(real_embedder, tmp_path)
+    prefixed_inner = Embedder(real_embedder.bundle, query_prefix="query: ")
+    assert model_key(prefixed_inner) == model_key(real_embedder)  # the prefix is part of the cached text instead
+    prefixed, plain = CachedEmbedder(prefixed_inner, tmp_path), CachedEmbedder(real_embedder, tmp_path)
     assert not np.allclose(prefixed.embed_query("a dog"), plain.embed_query("a dog"))
+    assert np.allclose(prefixed.embed_query("a dog"), real_embedder.embed_query("query: a dog"), atol=1e-6)
     assert prefixed.identity["query_prefix"] == "query: "

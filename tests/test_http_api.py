@@ -106,3 +106,13 @@ def test_module_app_opens_nothing_at_import(monkeypatch, tmp_path):
         response = httpx.get(base + "/health")
     assert (response.status_code, response.json()["code"]) == (503, "model_unavailable")
     assert "no-such-model" in response.json()["message"]
+
+
+def test_cors_preflight_for_configured_origin_only(hash_engine):
+    settings = ServeSettings(token=TOKEN, cors_origins=("http://app.test",))
+    with background(create_app(engine=hash_engine, settings=settings)) as base:
+        preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"}
+        allowed = httpx.options(base + "/recall_memories", headers={"Origin": "http://app.test", **preflight})
+        assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "http://app.test"
+        other = httpx.options(base + "/recall_memories", headers={"Origin": "http://evil.test", **preflight})
+        assert "access-control-allow-origin" not in other.headers

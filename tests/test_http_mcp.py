@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import anyio
 import httpx
 import pytest
@@ -90,3 +94,12 @@ def test_settings_from_env_and_bind_refusal():
     for bad in ({"TINYCONTEXT_API_TOKEN": "short"}, {"MCP_TRANSPORT": "carrier-pigeon"}, {"MCP_PORT": "http"}):
         with pytest.raises(ConfigError):
             ServeSettings.from_env(bad)
+
+
+def test_cli_serve_refuses_open_bind_without_token(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TINYCONTEXT_API_TOKEN"}
+    env.update(MCP_HOST="0.0.0.0", TINYCONTEXT_MEMORY_DB_PATH=str(tmp_path / "x.db"))
+    for extra in ([], ["--rest"]):
+        done = subprocess.run([sys.executable, "-m", "tinycontext.cli", "serve", *extra], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and done.stderr.startswith("config_error: Refusing to listen on 0.0.0.0")
+    assert not (tmp_path / "x.db").exists()

@@ -11,8 +11,13 @@ import threading
 from pathlib import Path
 
 import anyio
+import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.server.fastmcp.exceptions import ToolError
+
+from tinycontext import TinyContextConfig
+from tinycontext.servers.mcp_server import build_server
 
 SERVER = [sys.executable, "-m", "tinycontext.cli", "mcp"]
 TOOLS = {"save_memories", "recall_memories", "update_memory", "delete_memory", "get_memory"}
@@ -82,7 +87,6 @@ def test_tools_over_stdio(tmp_path):
         assert first, lines[0]
         assert first["content"] == facts[0]["content"] and int(first["id"]) == pnpm and "tags: prefs, js" in first["rest"]
         structured = recalled.structuredContent
-        assert [m["id"] for m in structured["memories"]][0] == pnpm
         assert len(lines) == len(structured["memories"]) == 3
         assert structured["memories"][0]["content"] == facts[0]["content"] and structured["memories"][0]["tags"] == ["prefs", "js"]
 
@@ -217,3 +221,22 @@ def test_stray_stdout_writes_go_to_stderr(tmp_path):
     assert answers[2]["content"][0]["text"] == "done"
     assert rest == b""
     assert b"stray print" in err and b"native write" in err
+
+
+def test_unexpected_failures_carry_a_code(tmp_path):
+    """In process: argument errors and bugs are tool errors starting with invalid_input / internal_error."""
+    server = build_server(TinyContextConfig(memory_db_path=tmp_path / "memory.db", models_dir=tmp_path / "models"))
+
+    @server.tool()
+    def boom() -> str:
+        raise RuntimeError("kaput")
+
+    async def main():
+        with pytest.raises(ToolError, match=r"^internal_error: RuntimeError: kaput$"):
+            await server.call_tool("boom", {})
+        with pytest.raises(ToolError, match=r"^invalid_input: get_memory: id: "):
+            await server.call_tool("get_memory", {"id": "not a number"})
+        with pytest.raises(ToolError, match=r"^invalid_input: Unknown tool"):
+            await server.call_tool("no_such_tool", {})
+
+    anyio.run(main)

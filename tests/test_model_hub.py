@@ -24,7 +24,6 @@ from tinycontext.model_hub import MANIFEST, RegistryEntry, local_bundle, resolve
 C1 = "1" * 40
 C2 = "2" * 40
 REPO_ID = "acme/minilm"
-TESTS = Path(__file__).resolve().parent
 
 
 def sha256(path: Path) -> str:
@@ -64,6 +63,10 @@ def embed(bundle, text="Where did the meeting take place?"):
 
 def manifest(bundle) -> dict:
     return json.loads((bundle.path / MANIFEST).read_text())
+
+
+def hub_sha(hub: FakeHub, commit: str) -> str:
+    return sha256(hub.repos[REPO_ID][commit]["onnx/model.onnx"])
 
 
 def test_sentence_transformers_repo_is_inferred_downloaded_and_embeds(hub, qint8, tmp_path):
@@ -214,10 +217,6 @@ def test_interrupted_download_leaves_no_partial_model(hub, tmp_path, no_retry_wa
     assert resolve_model(f"{REPO_ID}@{C1}", tmp_path, endpoint=hub.url).sha256 == hub_sha(hub, C1)
 
 
-def hub_sha(hub: FakeHub, commit: str) -> str:
-    return sha256(hub.repos[REPO_ID][commit]["onnx/model.onnx"])
-
-
 RESOLVE_SCRIPT = """
 import json, sys
 from pathlib import Path
@@ -230,7 +229,7 @@ print(json.dumps({"sha256": b.sha256, "revision": b.revision, "model_file": str(
 
 
 def run_resolve(*args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", RESOLVE_SCRIPT, *args], cwd=TESTS, env={**os.environ, **(env or {})},
+    return subprocess.Popen([sys.executable, "-c", RESOLVE_SCRIPT, *args], env={**os.environ, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -11,10 +11,10 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from io import TextIOWrapper
-from typing import Callable, Iterator
 
 from . import __version__
 from .config import TinyContextConfig, load_config
@@ -127,7 +127,7 @@ def _serve_stdio(server) -> None:
     # (a stray print, a native library) can write into the JSON-RPC stream.
     sys.stdout.flush()
     protocol = TextIOWrapper(os.fdopen(os.dup(sys.stdout.fileno()), "wb"), encoding="utf-8")
-    pass
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
 
     async def run() -> None:
         # FastMCP.run_stdio_async always writes to sys.stdout; its low-level server takes any streams.
@@ -295,7 +295,8 @@ def _serve_args(parser):
 @command("serve", "serve MCP over HTTP at /mcp, or --rest the REST API; beyond loopback it needs TINYCONTEXT_API_TOKEN", _serve_args)
 def serve(args):
     from .engine import close_engines
-    from .servers.http import ServeSettings, serve as run_server
+    from .servers.http import ServeSettings
+    from .servers.http import serve as run_server
 
     settings = ServeSettings.from_env(host=args.host, port=args.port, transport=args.transport)
     if settings.transport == "stdio" and not args.rest:

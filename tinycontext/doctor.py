@@ -13,13 +13,21 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from . import __version__
-from .config import CONFIG_PATH_ENV, ENV_PREFIX, FIELDS, TinyContextConfig, default_config_file, load_config
+from .config import (
+    CONFIG_PATH_ENV,
+    ENV_PREFIX,
+    FIELDS,
+    TinyContextConfig,
+    default_config_file,
+    load_config,
+)
 from .errors import ModelMismatchError, StorageError, TinyContextError
 
 TEST_SENTENCE = "TinyContext doctor test sentence."
@@ -46,7 +54,7 @@ class Doctor:
             self.checks.append({"name": name, "ok": True, "summary": summary, "details": details})
         except TinyContextError as err:
             self.checks.append({"name": name, "ok": False, "summary": str(err), "details": {}, "error": err.to_dict()})
-        except Exception as err:  # a doctor reports every failure instead of stopping at the first
+        except Exception as err:  # noqa: BLE001 - a doctor reports every failure instead of stopping at the first
             message = f"{type(err).__name__}: {err}"
             self.checks.append({"name": name, "ok": False, "summary": f"internal_error: {message}", "details": {},
                                 "error": {"code": "internal_error", "message": message}})

@@ -9,8 +9,9 @@ programs. Errors are tool results with ``isError`` set whose text starts with th
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any
 
 import anyio
 from mcp.server.fastmcp import FastMCP
