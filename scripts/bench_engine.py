@@ -349,7 +349,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="smoke run: one conversation, 1k/10k latency, 50 SciFact queries")
     parser.add_argument("--json", type=Path, help="write all figures here")
     parser.add_argument("--format", choices=bench_locomo.FORMATS, default="plain", help="how a LoCoMo turn becomes a memory")
-    parser.add_argument("--repeats", type=int, default=3, help="ingest runs / latency rounds (medians)")
+    parser.add_argument("--repeats", type=int, default=3, help="LoCoMo ingest runs, fresh databases (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="latency rounds of fresh queries (median of p50/p95)")
     parser.add_argument("--workdir", type=Path, help="keep databases here (default: a temp dir, removed)")
     parser.add_argument("--reuse-db", action="store_true", help="reuse the SciFact index in --workdir")
     args = parser.parse_args(argv)
@@ -365,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict:
             results["baseline"] = bench_baseline(work, args.quick, args.format)
         if "latency" in parts:
             sizes = [1000, 10000] if args.quick else [1000, 10000, 100000]
-            results["latency"] = bench_latency(work, bench_locomo.load(), sizes, 20 if args.quick else 50, args.repeats)
+            results["latency"] = bench_latency(work, bench_locomo.load(), sizes, 20 if args.quick else 50, args.rounds)
         if "scifact" in parts:
             results["scifact"] = bench_scifact(work, args.reuse_db, args.quick)
     finally:

@@ -123,7 +123,7 @@ def local_bundle(path: Path) -> ModelBundle:
     """A bundle folder on disk. A model2vec folder (config.json with model_type model2vec) works too."""
     path = path.expanduser().resolve()
     if not path.is_dir():
-        raise ModelUnavailableError(f"Model folder {path} does not exist.", path=str(path))
+        raise ModelUnavailableError(f"Model folder {path} does not exist. Fix the path, or set embedding_model to a tier (fast, balanced, quality).", path=str(path))
     if not (path / "model_config.json").is_file():
         return _model2vec_bundle(path)
     manifest = _read_manifest(path)
@@ -291,7 +291,7 @@ def resolve_model(spec: str, models_dir: Path, *, endpoint: str | None = None) -
         entry = REGISTRY[name]
         return hub_bundle(entry.repo_id, entry.revision, models_dir, entry=entry, endpoint=endpoint)
     if spec.startswith((".", "/", "~")):
-        raise ModelUnavailableError(f"Model folder {candidate} does not exist.", path=str(candidate))
+        raise ModelUnavailableError(f"Model folder {candidate} does not exist. Fix the path, or set embedding_model to a tier (fast, balanced, quality).", path=str(candidate))
     if spec.count("/") == 1:
         repo_id, _, revision = spec.partition("@")
         return hub_bundle(repo_id, revision or "main", models_dir, endpoint=endpoint)

@@ -105,13 +105,11 @@ class Guard:
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket"):
+        if scope["type"] != "http":  # lifespan; neither app has websocket routes
             return await self.app(scope, receive, send)
         refusal = self._refuse(scope)
         if refusal:
             return await _reply(send, *refusal)
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
         length = _header(scope, b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
             return await _reply(send, 413, "payload_too_large", f"Request bodies are limited to {self.max_body_bytes} bytes.")
