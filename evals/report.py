@@ -7,16 +7,14 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
+# Figure without pyplot renders with Agg and leaves the caller's backend alone (headless servers, notebooks).
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # headless: reports are written on servers and in CI
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+from tinycontext import load_config
+from tinycontext.errors import ConfigError
 
-from tinycontext import load_config  # noqa: E402
-from tinycontext.errors import ConfigError  # noqa: E402
-
-from .metrics import MEASURES  # noqa: E402
+from .metrics import MEASURES
 
 KEY_COLUMNS = ["dataset", "embedder", "pooling", "query_prefix", "document_prefix", "dense_weight", "rrf_k",
                "top_k", "candidates", "max_tokens"]
@@ -50,7 +48,7 @@ def load_results(sweep_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[dict
 
 
 def swept(rows: pd.DataFrame) -> dict[str, list]:
-    return {c: sorted(rows[c].unique().tolist(), key=str) for c in SWEEPABLE if c in rows and rows[c].nunique() > 1}
+    return {c: rows[c].drop_duplicates().sort_values().tolist() for c in SWEEPABLE if c in rows and rows[c].nunique() > 1}
 
 
 def _markdown(df: pd.DataFrame) -> str:
@@ -81,7 +79,8 @@ def write_plots(rows: pd.DataFrame, out: Path) -> list[Path]:
     written = []
     datasets = sorted(rows["dataset"].unique())
 
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
+    fig = Figure(figsize=(6 * len(datasets), 4))
+    axes = fig.subplots(1, len(datasets), squeeze=False)
     for ax, name in zip(axes[0], datasets):
         part = rows[rows["dataset"] == name]
         for (embedder, k), group in part.groupby(["embedder", "rrf_k"]):
@@ -91,7 +90,8 @@ def write_plots(rows: pd.DataFrame, out: Path) -> list[Path]:
         ax.legend(fontsize=7)
     written.append(_save(fig, out / "quality_vs_dense_weight.png"))
 
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
+    fig = Figure(figsize=(6 * len(datasets), 4))
+    axes = fig.subplots(1, len(datasets), squeeze=False)
     for ax, name in zip(axes[0], datasets):
         part = rows[rows["dataset"] == name]
         for embedder, group in part.groupby("embedder"):
@@ -100,7 +100,8 @@ def write_plots(rows: pd.DataFrame, out: Path) -> list[Path]:
         ax.legend(fontsize=7)
     written.append(_save(fig, out / "quality_vs_latency.png"))
 
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
+    fig = Figure(figsize=(6 * len(datasets), 4))
+    axes = fig.subplots(1, len(datasets), squeeze=False)
     for ax, name in zip(axes[0], datasets):
         part = rows[rows["dataset"] == name]
         for (embedder, w, k), group in part.groupby(["embedder", "dense_weight", "rrf_k"]):
@@ -118,7 +119,6 @@ def write_plots(rows: pd.DataFrame, out: Path) -> list[Path]:
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 

@@ -15,6 +15,7 @@ import os
 import time
 from pathlib import Path
 
+import pandas as pd
 from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 
@@ -156,19 +157,16 @@ def _recall_all(engine: MemoryEngine, dataset: EvalDataset, embedder: CachedEmbe
 
 def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = ()) -> dict:
     """Evaluate one composed config; write result.json and per_query.csv into ``output_dir``."""
-    import pandas as pd
-
     started = time.perf_counter()
     base = Path(cfg.base_dir).expanduser().resolve()
     cache_dir = (base / Path(cfg.cache_dir).expanduser()).resolve()
     models_dir = (base / Path(cfg.models_dir).expanduser()).resolve()
-    engine_defaults = TinyContextConfig(memory_db_path=cache_dir / "unused.db")
     with PeakRSS() as rss:
         dataset = get_dataset(cfg.dataset, base)
         embedder = get_embedder(cfg.embedder, models_dir, cache_dir, base)
         db, index = ensure_index(dataset, embedder, cache_dir)
         r, max_tokens = cfg.retrieval, int(cfg.budget.max_tokens)
-        with MemoryEngine(engine_defaults.model_copy(update={"memory_db_path": db}), embedder=embedder) as engine:
+        with MemoryEngine(TinyContextConfig(memory_db_path=db), embedder=embedder) as engine:
             rows = _recall_all(engine, dataset, embedder, index["doc_ids"], index["session_tokens"], r, max_tokens)
     per_query = pd.DataFrame(rows, columns=["query_id", "latency_ms", "tokens_returned", "tokens_naive", "memories_returned",
                                             "budget_recall", *MEASURES])

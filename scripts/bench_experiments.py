@@ -83,21 +83,22 @@ def locomo_dbs(fmt: str):
 
 
 def locomo(*_):
-    grid = [dict(dense_weight=w, rrf_k=k) for w in (0.0, 0.3, 0.5, 0.7, 1.0) for k in (10, 60)]
-    grid += [dict(dense_weight=0.5, rrf_k=60, candidates=300)]
+    grid = [dict(dense_weight=w, rrf_k=60) for w in (0.0, 0.3, 0.5, 0.7, 1.0)]
+    grid += [dict(dense_weight=0.5, rrf_k=10), dict(dense_weight=0.5, rrf_k=60, candidates=300)]
     for fmt in ("plain", "dated", "dated_caption"):
         dbs = locomo_dbs(fmt)
-        for variant in ("base", "stop"):
+        engines = [be.new_engine(db) for _, db, _ in dbs]  # one per conversation: query vectors stay cached
+        runs = [("base", k) for k in grid] + [("stop", dict(dense_weight=w, rrf_k=60)) for w in (0.0, 0.3, 0.5)]
+        for variant, knobs in runs:
             patch(variant)
-            for knobs in grid:
-                qrels, run = [], []
-                for conv, db, m in dbs:
-                    with be.new_engine(db) as e:
-                        qrels += bench_locomo.qrels_for(conv, m)
-                        run += be.recall_run(e, conv, **knobs)[0]
-                s = be.scores(qrels, run)
-                print(f"{fmt:14s} {variant:5s} {knobs}  R@10 {s['R@10']:.3f} R@5 {s['R@5']:.3f} nDCG@10 {s['nDCG@10']:.3f}", flush=True)
-
+            qrels, run = [], []
+            for (conv, db, m), e in zip(dbs, engines):
+                qrels += bench_locomo.qrels_for(conv, m)
+                run += be.recall_run(e, conv, **knobs)[0]
+            s = be.scores(qrels, run)
+            print(f"{fmt:14s} {variant:5s} {knobs}  R@10 {s['R@10']:.3f} R@5 {s['R@5']:.3f} nDCG@10 {s['nDCG@10']:.3f} MRR@10 {s['RR@10']:.3f}", flush=True)
+        for e in engines:
+            e.close()
 
 
 def scifact(*_):
@@ -106,14 +107,64 @@ def scifact(*_):
     db = Path("/tmp/bx/main/scifact.db")
     id_to_doc = json.loads(Path("/tmp/bx/main/scifact-ids.json").read_text())
     _, queries, qrels = be.load_scifact("train")
-    grid = [dict(dense_weight=w, rrf_k=k) for w in (0.0, 1.0, 0.3, 0.4, 0.5, 0.6) for k in (10, 30, 60)]
+    runs = [("base", dict(dense_weight=w, rrf_k=k)) for w in (0.5, 0.3, 0.7) for k in (60, 10)]
+    runs += [("stop", dict(dense_weight=w, rrf_k=k)) for w, k in ((0.0, 60), (0.5, 60), (0.5, 10))]
     with be.new_engine(db) as e:
-        for variant in ("base", "stop"):
+        for variant, knobs in runs:
             patch(variant)
-            for knobs in grid:
-                if variant == "stop" and knobs["rrf_k"] == 30:
-                    continue
-                print(f"train {variant:5s} {knobs} nDCG@10 {be.scifact_ndcg(e, id_to_doc, queries, qrels, **knobs):.4f}", flush=True)
+            print(f"train {variant:5s} {knobs} nDCG@10 {be.scifact_ndcg(e, id_to_doc, queries, qrels, **knobs):.4f}", flush=True)
+
+
+
+class ContextEmbedder:
+    """Wraps the real embedder: a document is embedded together with the turn before it
+    (stored content and BM25 text stay the turn alone)."""
+
+    def __init__(self, inner, context: dict[str, str]):
+        self.inner, self.context = inner, context
+
+    def embed_documents(self, texts, progress=False):
+        return self.inner.embed_documents([self.context.get(t, t) for t in texts], progress=progress)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def locomo2(*_):
+    import json
+    plain_k = [("base", dict(dense_weight=w, rrf_k=k)) for w in (0.3, 0.5) for k in (5, 10, 20, 30)]
+    plain_k += [("stop", dict(dense_weight=w, rrf_k=10)) for w in (0.3, 0.5)]
+    few = [("base", dict(dense_weight=0.5, rrf_k=60)), ("base", dict(dense_weight=0.5, rrf_k=10)),
+           ("base", dict(dense_weight=0.3, rrf_k=10)), ("stop", dict(dense_weight=0.5, rrf_k=10))]
+    for fmt, runs in (("plain", plain_k), ("dated", few), ("dated_caption", few), ("plain+prev", few[:3])):
+        if fmt == "plain+prev":
+            dbs = []
+            for conv in bench_locomo.load():
+                db = WORK / f"loc-prev-{conv['sample_id']}.db"
+                mp = db.with_suffix(".json")
+                if not mp.exists():
+                    db.unlink(missing_ok=True)
+                    chats = bench_locomo.sessions(conv, "plain")
+                    flat = [t for chat in chats for _, t in chat]
+                    ctx = {t: (flat[i - 1] + "\n" + t if i else t) for i, t in enumerate(flat)}
+                    with be.new_engine(db) as e:
+                        e.embedder = ContextEmbedder(e.embedder, ctx)
+                        m, _, _ = be.ingest_locomo(e, conv, "plain")
+                    mp.write_text(json.dumps(m))
+                dbs.append((conv, db, json.loads(mp.read_text())))
+        else:
+            dbs = locomo_dbs(fmt)
+        engines = [be.new_engine(db) for _, db, _ in dbs]
+        for variant, knobs in runs:
+            patch(variant)
+            qrels, run = [], []
+            for (conv, db, m), e in zip(dbs, engines):
+                qrels += bench_locomo.qrels_for(conv, m)
+                run += be.recall_run(e, conv, **knobs)[0]
+            s = be.scores(qrels, run)
+            print(f"{fmt:14s} {variant:5s} {knobs}  R@10 {s['R@10']:.3f} R@5 {s['R@5']:.3f} nDCG@10 {s['nDCG@10']:.3f} MRR@10 {s['RR@10']:.3f}", flush=True)
+        for e in engines:
+            e.close()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ FIXTURE = REPO / "tests" / "fixtures" / "eval_sweep"
 @pytest.mark.parametrize("notebook", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
 def test_notebook_executes(notebook, monkeypatch):
     monkeypatch.setenv("TINYCONTEXT_SWEEP_DIR", str(FIXTURE))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(notebook, as_version=4)
     NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(notebook.parent)}}).execute()
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))

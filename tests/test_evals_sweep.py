@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from evals.run import _commands
 from tinycontext import load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,10 +21,10 @@ REQUIRED = ["dataset", "embedder", "pooling", "query_prefix", "document_prefix",
             "tokens_naive", "token_savings", "budget_recall", "peak_rss_mb", "index_seconds"]
 
 
-def cli(*args, env=None, check=True):
+def cli(*args, env=None):
     result = subprocess.run([sys.executable, "-m", "evals.run", *args], cwd=REPO, capture_output=True, text=True,
                             timeout=300, env={**os.environ, **(env or {})})
-    if check and result.returncode != 0:
+    if result.returncode != 0:
         pytest.fail(f"evals.run {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
 
@@ -82,15 +83,16 @@ def test_report_plots_and_per_query(sweep):
     per_query = pd.read_csv(out / "per_query.csv")
     assert len(per_query) == 12 * 10
     (out / "report.md").unlink()
-    cli("report", str(out))
+    assert _commands(["report", str(out)]) == 0
     assert (out / "report.md").read_text().count("| tiny |") == 13  # 1 best row + 12 in the dataset table
 
 
-def test_recommend_writes_a_config_tinycontext_loads(sweep, tmp_path):
+def test_recommend_writes_a_config_tinycontext_loads(sweep, tmp_path, capsys):
     out = sweep[0]
     target = tmp_path / "context_config.json"
-    result = cli("recommend", str(out), "--max-p95-ms", "100000", "--max-model-mb", "1000", "--out", str(target))
-    summary = json.loads(result.stdout[: result.stdout.rindex("}") + 1])
+    assert _commands(["recommend", str(out), "--max-p95-ms", "100000", "--max-model-mb", "1000", "--out", str(target)]) == 0
+    stdout = capsys.readouterr().out
+    summary = json.loads(stdout[: stdout.rindex("}") + 1])
     rows = pd.read_csv(out / "results.csv")
     deployable = rows[rows["pooling"] == rows["model_pooling"]]
     assert summary["value"] == pytest.approx(deployable["ndcg@10"].max())
@@ -100,9 +102,10 @@ def test_recommend_writes_a_config_tinycontext_loads(sweep, tmp_path):
                              "recall_candidates", "dense_query_prefix", "dense_document_prefix"}
     assert config.recall_max_tokens == 120 and config.recall_dense_weight == settings["recall_dense_weight"]
 
-    small = cli("recommend", str(out), "--max-model-mb", "16", "--out", str(tmp_path / "small.json"))
+    assert _commands(["recommend", str(out), "--max-model-mb", "16", "--out", str(tmp_path / "small.json")]) == 0
     assert json.loads((tmp_path / "small.json").read_text())["embedding_model"].endswith("minilm-l6-static256")
-    assert "wrote" in small.stdout
+    assert "wrote" in capsys.readouterr().out
 
-    impossible = cli("recommend", str(out), "--max-p95-ms", "0.0001", check=False)
-    assert impossible.returncode == 2 and "config_error" in impossible.stderr and "Relax a limit" in impossible.stderr
+    assert _commands(["recommend", str(out), "--max-p95-ms", "0.0001"]) == 2
+    err = capsys.readouterr().err
+    assert "config_error" in err and "Relax a limit" in err and not (out / "context_config.json").exists()
