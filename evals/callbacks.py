@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
@@ -32,7 +33,7 @@ def count_jobs(config: DictConfig) -> int | None:
             if o.is_sweep_override():
                 sizes[o.get_key_element()] = len(list(o.sweep_string_iterator()))
         return math.prod(sizes.values())
-    except Exception:  # glob/range sweeps or another sweeper: progress then shows done counts only
+    except (HydraException, ValueError, TypeError):  # e.g. an unbounded range: progress shows done counts only
         return None
 
 
@@ -56,7 +57,8 @@ def record_progress(sweep_dir: Path, job: str, seconds: float) -> str:
     """Append this job's completion and return 'k/N configs done, ETA ...' for the log."""
     with open(sweep_dir / PROGRESS_FILE, "a", encoding="utf-8") as fh:  # one short O_APPEND write per job
         fh.write(json.dumps({"job": job, "seconds": seconds, "at": time.time()}) + "\n")
-    done = sum(1 for _ in open(sweep_dir / PROGRESS_FILE, encoding="utf-8"))
+    with open(sweep_dir / PROGRESS_FILE, encoding="utf-8") as fh:
+        done = sum(1 for _ in fh)
     try:
         meta = json.loads((sweep_dir / SWEEP_FILE).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):

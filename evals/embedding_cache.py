@@ -18,8 +18,8 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

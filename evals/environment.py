@@ -6,6 +6,7 @@ import os
 import platform
 import threading
 from importlib import metadata
+from typing import Self
 
 import psutil
 
@@ -60,7 +61,7 @@ class PeakRSS:
             if self._stop.wait(self.interval_s):
                 return
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> Self:
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import ir_measures
 import numpy as np
-from ir_measures import R, RR, nDCG
+from ir_measures import RR, R, nDCG
 
 # Column name in results.csv -> ir-measures measure. MRR@10 is ir-measures' RR@10 averaged.
 MEASURES = {"ndcg@10": nDCG @ 10, "recall@10": R @ 10, "recall@100": R @ 100, "mrr@10": RR @ 10}

@@ -4,10 +4,11 @@ the best config under constraints (``recommend``)."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
+
 # Figure without pyplot renders with Agg and leaves the caller's backend alone (headless servers, notebooks).
 from matplotlib.figure import Figure
 
@@ -136,7 +137,7 @@ def build_report(sweep_dir: Path) -> Path:
     env = records[0]["environment"]
     lines = [
         "# TinyContext evaluation report", "",
-        f"{len(rows)} configs in `{sweep_dir}`, built {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", "",
+        f"{len(rows)} configs in `{sweep_dir}`, built {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.", "",
         "## What was swept", "",
         *([f"- `{k}`: {', '.join(map(str, v))}" for k, v in swept(rows).items()] or ["- nothing (a single config)"]), "",
         f"## Best config per dataset (by {metric}, then lower p95 latency)", "", _markdown(best[shown]), "",
@@ -152,8 +153,8 @@ def build_report(sweep_dir: Path) -> Path:
               f"- CPU: {env.get('cpu')} ({env.get('cpu_affinity')} usable cores), Python {env.get('python')}, {env.get('platform')}",
               f"- load average at the first run: {env.get('load_average')}",
               "- packages: " + ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v), "",
-              "Latency is measured with sweeps running side by side when the joblib launcher is used; compare"
-              " latencies within one sweep, and re-run the chosen config alone for absolute numbers.", ""]
+              ("Latency is measured with sweeps running side by side when the joblib launcher is used; compare"
+               " latencies within one sweep, and re-run the chosen config alone for absolute numbers."), ""]
     report = sweep_dir / "report.md"
     report.write_text("\n".join(lines), encoding="utf-8")
     return report

@@ -28,7 +28,14 @@ from tinycontext.store import SCHEMA_VERSION
 from .datasets import EvalDataset
 from .embedding_cache import CachedEmbedder
 from .environment import PeakRSS, environment
-from .metrics import MEASURES, latency_summary, mean_quality, per_query_quality, recall_within, token_summary
+from .metrics import (
+    MEASURES,
+    latency_summary,
+    mean_quality,
+    per_query_quality,
+    recall_within,
+    token_summary,
+)
 
 log = logging.getLogger(__name__)
 RANKING_DEPTH = 100

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from evals.embedding_cache import CachedEmbedder, model_key
-from evals.metrics import latency_summary, mean_quality, per_query_quality, recall_within, token_summary
+from evals.metrics import (
+    latency_summary,
+    mean_quality,
+    per_query_quality,
+    recall_within,
+    token_summary,
+)
 from tinycontext.embeddings import Embedder
 
 
