@@ -34,7 +34,7 @@ def _engine_default(name: str):
 OmegaConf.register_new_resolver("tc_default", _engine_default, replace=True)
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     from .callbacks import record_progress
     from .runner import run_config

@@ -13,7 +13,7 @@ from evals.callbacks import count_jobs
 from tinycontext import TinyContextConfig
 
 REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "evals" / "conf"
+CONF = REPO / "conf"
 
 
 def options(group: str) -> list[str]:
