@@ -3,7 +3,11 @@
 Run with that package's own venv (it needs Python >= 3.12), not the project's:
     ~/.pyenv/versions/3.12.1/bin/python -m venv /work/bench-venv-0.5.1
     /work/bench-venv-0.5.1/bin/pip install tinysuite-context==0.5.1 onnx
-    /work/bench-venv-0.5.1/bin/python scripts/bench_baseline_tinycontext05.py --out /tmp/base.json
+    HF_HUB_OFFLINE=1 TIKTOKEN_CACHE_DIR=../shared/tiktoken/cache \
+        /work/bench-venv-0.5.1/bin/python scripts/bench_baseline_tinycontext05.py --out /tmp/base.json
+
+TIKTOKEN_CACHE_DIR matters: offline, 0.5.1 cannot fetch o200k_base and silently falls back to
+counting characters as tokens, so its 2,000-token recall budget becomes 2,000 characters.
 
 Offline model: 0.5.1's "fast" tier downloads onnx-models/all-MiniLM-L6-v2-onnx, whose graph has
 Transformer + mean Pooling + Normalize inside (a 2-D output that 0.5.1 uses as is). We cannot reach

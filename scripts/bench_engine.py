@@ -131,7 +131,9 @@ def bench_baseline(work: Path, quick: bool, fmt: str) -> dict:
         return {"error": f"{BASELINE_PY} missing: create the 0.5.1 venv (see scripts/bench_baseline_tinycontext05.py)"}
     out = work / "baseline.json"
     cmd = [str(BASELINE_PY), str(Path(__file__).with_name("bench_baseline_tinycontext05.py")), "--out", str(out), "--format", fmt]
-    subprocess.run(cmd + (["--quick"] if quick else []), check=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    subprocess.run(cmd + (["--quick"] if quick else []), check=True, env={
+        # Offline: 0.5.1 would download o200k_base and, failing that, silently count characters as tokens.
+        "HF_HUB_OFFLINE": "1", "TIKTOKEN_CACHE_DIR": str(SHARED / "tiktoken" / "cache"), "PATH": "/usr/bin:/bin"})
     data = json.loads(out.read_text())
     convs = data["conversations"].values()
     return {

@@ -22,6 +22,7 @@ from .errors import ModelUnavailableError
 
 Kind = Literal["query", "document"]
 POOLINGS = ("mean", "cls", "graph", "static")
+MAX_BATCH_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -196,13 +197,29 @@ class Embedder:
         encodings = self._tokenizer.encode_batch(texts, add_special_tokens=self.pooling != "static")
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
         result = np.empty((len(texts), self.dimensions), dtype=np.float32)
-        batches = [order[s:s + self.batch_size] for s in range(0, len(order), self.batch_size)]
+        batches = self._batches(order, [len(e.ids) for e in encodings])
         for batch in tqdm(batches, desc="embedding", unit="batch", disable=not progress or len(batches) < 2, leave=False):
             result[batch] = self._run([encodings[i] for i in batch])
         if self.bundle.normalize:
             norms = np.linalg.norm(result, axis=1, keepdims=True)
             result /= np.maximum(norms, 1e-12)
         return result
+
+    def _batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
+        """Split length-sorted indices into batches of at most ``batch_size`` texts and about
+        MAX_BATCH_TOKENS padded tokens: long documents then go a few at a time (attention memory
+        grows with batch x length^2) while short memories still batch widely. Speed is the same."""
+        batches: list[list[int]] = []
+        current: list[int] = []
+        for i in order:
+            # Sorted ascending, so lengths[i] is the padded width of the batch if i joins it.
+            if current and (len(current) >= self.batch_size or (len(current) + 1) * lengths[i] > MAX_BATCH_TOKENS):
+                batches.append(current)
+                current = []
+            current.append(i)
+        if current:
+            batches.append(current)
+        return batches
 
     def _run(self, encodings) -> np.ndarray:
         if self.pooling == "static":
