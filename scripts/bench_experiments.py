@@ -167,5 +167,19 @@ def locomo2(*_):
             e.close()
 
 
+
+def scifact_test(*_):
+    """Test nDCG@10 for the settings picked on train (rrf_k=10), once, for the report."""
+    import json
+    db = Path("/tmp/bx/main/scifact.db")
+    id_to_doc = json.loads(Path("/tmp/bx/main/scifact-ids.json").read_text())
+    _, queries, qrels = be.load_scifact("test")
+    with be.new_engine(db) as e:
+        for variant, knobs in (("base", dict(dense_weight=0.5, rrf_k=10)), ("stop", dict(dense_weight=0.5, rrf_k=10)),
+                               ("stop", dict(dense_weight=0.0, rrf_k=60))):
+            patch(variant)
+            print(f"test {variant:5s} {knobs} nDCG@10 {be.scifact_ndcg(e, id_to_doc, queries, qrels, **knobs):.4f}", flush=True)
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*[int(a) for a in sys.argv[2:]])

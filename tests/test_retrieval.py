@@ -65,7 +65,7 @@ def test_underscore_words_become_phrases(fts):
 
 
 def test_nul_is_a_separator():
-    assert fts_query("a\x00b") == '"a" OR "b"'
+    assert fts_query("x\x00y") == '"x" OR "y"'
 
 
 @pytest.mark.parametrize("query", ["", "   ", "?!*^()", "🙂🙂", '"" ::'])
@@ -124,3 +124,9 @@ def test_ties_break_toward_the_heavier_list():
     assert [c.id for c in fuse(bm25, dense, dense_weight=0.5, k=60)] == [7, 5]
     # Reversed lists, same weights: the result follows the BM25 list, not the ids.
     assert [c.id for c in fuse(dense, bm25, dense_weight=0.5, k=60)] == [5, 7]
+
+
+def test_stopwords_left_out_unless_nothing_else():
+    assert fts_query("What did Caroline paint?") == '"Caroline" OR "paint"'
+    # A query made only of stopwords still searches for them rather than for nothing.
+    assert fts_query("who is it") == '"who" OR "is" OR "it"'

@@ -50,7 +50,8 @@ class TinyContextConfig(BaseModel):
     recall_candidates: int = Field(100, ge=1, le=10_000)
     encoding_name: str = "o200k_base"
     recall_dense_weight: float = Field(0.5, ge=0.0, le=1.0)
-    recall_rrf_k: float = Field(60, gt=0)
+    # k=10 beat the customary 60 on SciFact train (0.727 vs 0.718 nDCG@10) and LoCoMo (R@10 0.65 vs 0.60).
+    recall_rrf_k: float = Field(10, gt=0)
     dense_query_prefix: str = ""
     dense_document_prefix: str = ""
     # Cosine similarity at or above which a new memory is reported as a near-duplicate.

