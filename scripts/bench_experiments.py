@@ -1,5 +1,10 @@
-"""Throwaway experiments for notes/bench_engine.md (not part of the benchmark). Subcommands:
-  profile N        split recall cost (embed / bm25 / dense / rows) at N memories
+"""Throwaway experiments behind notes/bench_engine.md (not part of the benchmark); engine changes
+are monkeypatched here, never edited in tinycontext/. Subcommands (run from scripts/):
+  profile N      split recall cost (embed / bm25 / dense) at N memories
+  locomo         dense_weight / rrf_k / candidates / stopword grid per memory format
+  locomo2        rrf_k sweep, dated formats, "previous turn" context embedding
+  scifact        tuning grid on SciFact train qrels (needs the index in /tmp/bx/main)
+  scifact_test   the setting picked on train, once on test
 """
 from __future__ import annotations
 

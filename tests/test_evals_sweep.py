@@ -45,7 +45,11 @@ def test_sweep_writes_one_row_per_config(sweep):
     assert len(rows) == 12 and not set(REQUIRED) - set(rows.columns)
     assert set(rows["embedder"]) == {"fast", "minilm-static256"}
     assert rows[["ndcg@10", "recall@10", "recall@100", "mrr@10", "budget_recall"]].apply(lambda c: c.between(0, 1).all()).all()
-    assert (rows["tokens_returned"] <= 120).all() and (rows["tokens_naive"] > rows["tokens_returned"]).all()
+    assert (rows["tokens_returned"] <= 120).all() and (rows["tokens_naive"] >= rows["tokens_returned"]).all()
+    # BM25 alone may match only a few tiny documents (all of them fit); with dense candidates the
+    # naive top-100 dump is always larger than what the budget lets through.
+    hybrid = rows[rows["dense_weight"] > 0]
+    assert (hybrid["tokens_naive"] > hybrid["tokens_returned"]).all()
     assert "12/12 configs done" in log and "ETA" in log
 
 

@@ -31,6 +31,7 @@ from .errors import (
 from .model_hub import resolve_model
 from .retrieval import fts_query, fuse
 from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory
+from .vector_index import VectorIndex
 
 DEFAULT_SESSION = "default"
 MAX_TAGS = 64
@@ -142,6 +143,7 @@ class MemoryEngine:
         except BaseException:  # e.g. model_mismatch: do not leave the file open
             self.store.close()
             raise
+        self.index = VectorIndex(self.store, self.config.vector_cache_max)
         self.progress = progress
 
     def close(self) -> None:
@@ -204,7 +206,10 @@ class MemoryEngine:
         saved: list[dict] = []
         skipped: list[dict] = []
         near: list[dict] = []
-        with self.store.write() as conn:
+        self.index.prepare(session)
+        with self.index.write() as conn:
+            # All stored neighbours in one matrix product (None: session too big for the copy, ask vec0).
+            neighbours = self.index.nearest(session, vectors)
             created = now_iso()
             conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, created))
             batch_seen: dict[str, int] = {}
@@ -217,7 +222,7 @@ class MemoryEngine:
                     # Same text already in this session: saving it again would only waste recall tokens.
                     skipped.append({"index": i, "reason": "duplicate", "duplicate_of": existing[0] if existing else batch_seen[digest]})
                     continue
-                similar = self._nearest(conn, session, vector, batch_kept)
+                similar = _nearest(neighbours[i] if neighbours is not None else self._vec0_nearest(conn, session, vector), vector, batch_kept)
                 if similar and similar[1] >= self.config.dedup_threshold:
                     report = {"index": i, "similar_to": similar[0], "similarity": round(similar[1], 4)}
                     if self.config.dedup_mode == "skip":
@@ -236,6 +241,8 @@ class MemoryEngine:
                 batch_seen[digest] = mid
                 batch_kept.append((mid, vector))
                 saved.append({"index": i, "id": mid, "tokens": tokens[i]})
+            if batch_kept:
+                self.index.add(session, [mid for mid, _ in batch_kept], np.stack([v for _, v in batch_kept]))
         return {
             "session_id": session,
             "ids": [s["id"] for s in saved],
@@ -246,21 +253,13 @@ class MemoryEngine:
         }
 
     @staticmethod
-    def _nearest(conn, session: str, vector: np.ndarray, batch: list[tuple[int, np.ndarray]]) -> tuple[int, float] | None:
-        """The most similar stored memory in the session (or earlier in this batch): (id, cosine)."""
-        best: tuple[int, float] | None = None
+    def _vec0_nearest(conn, session: str, vector: np.ndarray) -> tuple[int, float] | None:
+        """The session's most similar stored memory by sqlite-vec (sessions too big for the copy)."""
         row = conn.execute(
             "SELECT memory_id, distance FROM memory_vectors WHERE embedding MATCH ? AND k = 1 AND session_id = ?",
             (vector.tobytes(), session),
         ).fetchone()
-        if row:
-            best = (row[0], 1.0 - row[1])
-        if batch:
-            sims = np.stack([v for _, v in batch]) @ vector
-            j = int(np.argmax(sims))
-            if best is None or sims[j] > best[1]:
-                best = (batch[j][0], float(sims[j]))
-        return best
+        return (row[0], 1.0 - row[1]) if row else None
 
     # -- recall -------------------------------------------------------------------------------
 
@@ -336,6 +335,14 @@ class MemoryEngine:
 
     def _dense(self, query: str, session: str | None, tags: list[str], depth: int) -> list[tuple[int, float]]:
         vector = self.embedder.embed_query(query)
+        with self.store.lock:
+            allowed = None
+            if tags:
+                marks = ",".join("?" * len(tags))
+                allowed = np.array([r[0] for r in self.store.read(f"SELECT memory_id FROM memory_tags WHERE tag IN ({marks})", tags)], np.int64)
+            hits = self.index.search(vector, session, min(depth, VEC_KNN_MAX), allowed)
+        if hits is not None:
+            return hits
         sql = "SELECT memory_id, distance FROM memory_vectors WHERE embedding MATCH ? AND k = ?"
         params: list = [vector.tobytes(), min(depth, VEC_KNN_MAX)]
         if session is not None:
@@ -382,8 +389,8 @@ class MemoryEngine:
         }])[0]
         vector = self.embedder.embed_documents([new.content])[0] if new.content != current["content"] else None
         tokens = self.tokens.count(new.content)
-        with self.store.write() as conn:
-            row = conn.execute("SELECT version, content, tags, metadata, updated_at, created_at FROM memories WHERE id = ?", (memory_id,)).fetchone()
+        with self.index.write() as conn:
+            row = conn.execute("SELECT version, content, tags, metadata, updated_at, created_at, session_id FROM memories WHERE id = ?", (memory_id,)).fetchone()
             if row is None:
                 raise MemoryNotFoundError(f"No memory with id {memory_id}; it was deleted meanwhile.")
             stamp = now_iso()
@@ -400,14 +407,17 @@ class MemoryEngine:
             conn.executemany("INSERT INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(memory_id, t) for t in new.tags])
             if vector is not None:
                 conn.execute("UPDATE memory_vectors SET embedding = ? WHERE memory_id = ?", (vector.tobytes(), memory_id))
+                self.index.replace(row[6], memory_id, vector)
         return self.get(memory_id)
 
     def delete(self, memory_id: int) -> dict:
         memory_id = _check_id(memory_id)
-        with self.store.write() as conn:
-            if conn.execute("SELECT 1 FROM memories WHERE id = ?", (memory_id,)).fetchone() is None:
+        with self.index.write() as conn:
+            row = conn.execute("SELECT session_id FROM memories WHERE id = ?", (memory_id,)).fetchone()
+            if row is None:
                 raise MemoryNotFoundError(f"No memory with id {memory_id}; nothing was deleted.")
             conn.execute("DELETE FROM memory_vectors WHERE memory_id = ?", (memory_id,))
+            self.index.remove(row[0], memory_id)
             conn.execute("DELETE FROM memory_tags WHERE memory_id = ?", (memory_id,))
             conn.execute("DELETE FROM memory_versions WHERE memory_id = ?", (memory_id,))
             conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
@@ -425,6 +435,18 @@ class MemoryEngine:
         return {"memories": memories, "tokens": tokens, "vectors": vectors, "sessions": len(self.sessions()),
                 "schema_version": self.store.schema_version, "embedder": self.store.stored_identity(),
                 "db_path": str(self.store.path)}
+
+
+def _nearest(stored: tuple[int, float] | None, vector: np.ndarray, batch: list[tuple[int, np.ndarray]]) -> tuple[int, float] | None:
+    """The most similar memory: ``stored`` (the session's nearest) or one saved earlier in this
+    batch: (id, cosine)."""
+    best = stored
+    if batch:
+        sims = np.stack([v for _, v in batch]) @ vector
+        j = int(np.argmax(sims))
+        if best is None or sims[j] > best[1]:
+            best = (batch[j][0], float(sims[j]))
+    return best
 
 
 def _check_id(memory_id) -> int:

@@ -1,0 +1,284 @@
+"""The in-RAM vector copy (tinycontext/vector_index.py): same dense results as sqlite-vec, kept
+exact under the engine's own writes, other connections' and processes' writes, imports, reindex."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import REPO, HashEmbedder
+
+from tinycontext import MemoryEngine, TinyContextConfig, vector_index
+from tinycontext.transfer import export_jsonl, import_jsonl
+
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike",
+         "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor", "whiskey", "xray", "yankee", "zulu"]
+SESSIONS = ("a", "b", "c")
+TAGS = ("t1", "t2", "t3")
+
+
+class SpreadEmbedder(HashEmbedder):
+    """Each text gets its own pseudo-random direction: no ties between scores, so rankings are
+    comparable exactly. ``salt`` gives a different embedder (for reindex)."""
+
+    def __init__(self, dimensions: int = 48, salt: str = ""):
+        super().__init__(dimensions, model=f"spread{salt}")
+        self.salt = salt
+
+    def _one(self, text: str) -> np.ndarray:
+        seed = int(hashlib.md5((self.salt + text).encode()).hexdigest()[:8], 16)
+        vec = np.random.default_rng(seed).standard_normal(self.dimensions).astype(np.float32)
+        return vec / np.linalg.norm(vec)
+
+
+def _config(path, **extra) -> TinyContextConfig:
+    return TinyContextConfig(memory_db_path=path, models_dir=path.parent / "models", **extra)
+
+
+def _fill(engine: MemoryEngine, count: int, seed: int = 1) -> None:
+    rng = random.Random(seed)
+    for session in SESSIONS:
+        items = [{"content": f"{session} {i} " + " ".join(rng.choices(WORDS, k=6)),
+                  "tags": rng.sample(TAGS, rng.randrange(3))} for i in range(count)]
+        engine.save(items, session_id=session)
+
+
+def _oracle(engine: MemoryEngine, query: str, session, tags, k) -> list[tuple[int, float]]:
+    """Brute force from the stored rows: cosine, best first, ties by id."""
+    sql = "SELECT memory_id, embedding FROM memory_vectors"
+    rows = engine.store.read(sql + " WHERE session_id = ?", (session,)) if session else engine.store.read(sql)
+    if tags:
+        allowed = {r[0] for r in engine.store.read(f"SELECT memory_id FROM memory_tags WHERE tag IN ({','.join('?' * len(tags))})", tags)}
+        rows = [r for r in rows if r[0] in allowed]
+    q = engine.embedder.embed_query(query)
+    q = q / np.linalg.norm(q)
+    scored = []
+    for mid, blob in rows:
+        v = np.frombuffer(blob, np.float32)
+        scored.append((mid, float(v @ q / np.linalg.norm(v))))
+    return sorted(scored, key=lambda s: (-s[1], s[0]))[:k]
+
+
+def _same(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> None:
+    assert [g[0] for g in got] == [w[0] for w in want]
+    assert np.allclose([g[1] for g in got], [w[1] for w in want], atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory):
+    """One database of 3 sessions x 150 memories with tags, built once."""
+    path = tmp_path_factory.mktemp("vi") / "memory.db"
+    with MemoryEngine(_config(path), embedder=SpreadEmbedder()) as eng:
+        _fill(eng, 150)
+    return path
+
+
+@pytest.mark.parametrize("cache_max", [500_000, 0])
+@pytest.mark.parametrize("session", [None, "a", "c"])
+@pytest.mark.parametrize("tags", [[], ["t2"], ["t1", "t3"]])
+def test_dense_equals_brute_force(filled, cache_max, session, tags):
+    with MemoryEngine(_config(filled, vector_cache_max=cache_max), embedder=SpreadEmbedder()) as eng:
+        for query in ("alpha bravo", "zulu tango lima"):
+            for depth in (7, 100, 1000):
+                _same(eng._dense(query, session, tags, depth), _oracle(eng, query, session, tags, depth))
+        assert (eng.index.size > 0) == (cache_max > 0)
+
+
+def test_recall_same_with_and_without_cache(filled):
+    with MemoryEngine(_config(filled), embedder=SpreadEmbedder()) as cached, \
+            MemoryEngine(_config(filled, vector_cache_max=0), embedder=SpreadEmbedder()) as plain:
+        for session in (None, "b"):
+            for weight in (0.5, 1.0):
+                args = {"session_id": session, "tags": ["t1"], "top_k": 30, "max_tokens": 100_000, "dense_weight": weight}
+                got, want = cached.recall("kilo mike oscar", **args), plain.recall("kilo mike oscar", **args)
+                assert [m["id"] for m in got["memories"]] == [m["id"] for m in want["memories"]]
+                assert np.allclose([m["scores"]["dense"] or 0 for m in got["memories"]],
+                                   [m["scores"]["dense"] or 0 for m in want["memories"]], atol=1e-5)
+        assert cached.index.size == 450 and plain.index.size == 0
+
+
+def test_real_model_same_as_sqlite_vec(tmp_path, real_embedder):
+    texts = [f"{who} talked about {what} on day {d}." for who in ("Anna", "Bo", "Cy") for what in
+             ("hiking trails", "a new job", "her cat", "painting", "the book club", "moving house") for d in (1, 2, 3)]
+    with MemoryEngine(_config(tmp_path / "m.db"), embedder=real_embedder) as cached, \
+            MemoryEngine(_config(tmp_path / "m.db", vector_cache_max=0), embedder=real_embedder) as plain:
+        cached.save(texts, session_id="s")
+        for query in ("who changed jobs?", "pets"):
+            for session in ("s", None):
+                got, want = cached._dense(query, session, [], 20), plain._dense(query, session, [], 20)
+                _same(got, want)
+                _same(got, _oracle(cached, query, session, [], 20))
+
+
+def test_own_writes_update_the_copy_in_place(tmp_path):
+    with MemoryEngine(_config(tmp_path / "m.db"), embedder=SpreadEmbedder()) as eng:
+        _fill(eng, 20)
+        eng._dense("warm", "a", [], 10)
+        block = eng.index._blocks["a"]
+        new = eng.save(["a fresh memory about quebec"], session_id="a")["ids"][0]
+        assert eng._dense("a fresh memory about quebec", "a", [], 1)[0][0] == new
+        assert eng.index._blocks["a"] is block and block.n == 21  # appended, not reloaded
+
+        target = eng._dense("alpha", "a", [], 5)[-1][0]
+        eng.update(target, "alpha alpha alpha")
+        assert eng._dense("alpha alpha alpha", "a", [], 1)[0] == (target, pytest.approx(1.0, abs=1e-5))
+        eng.delete(new)
+        assert new not in [h[0] for h in eng._dense("a fresh memory about quebec", "a", [], 100)]
+        assert eng.index._blocks["a"] is block and block.n == 20
+        for query in ("alpha", "quebec romeo"):
+            _same(eng._dense(query, "a", [], 50), _oracle(eng, query, "a", [], 50))
+
+
+def test_copy_across_all_sessions_follows_new_sessions(tmp_path):
+    with MemoryEngine(_config(tmp_path / "m.db"), embedder=SpreadEmbedder()) as eng:
+        _fill(eng, 10)
+        eng._dense("warm", None, [], 10)
+        new = eng.save(["first memory of a new session"], session_id="new")["ids"][0]
+        assert eng._dense("first memory of a new session", None, [], 1)[0][0] == new
+        assert eng.index._complete
+
+
+def test_failed_write_leaves_the_copy_exact(tmp_path):
+    with MemoryEngine(_config(tmp_path / "m.db"), embedder=SpreadEmbedder()) as eng:
+        _fill(eng, 10)
+        eng._dense("warm", "a", [], 5)
+        with pytest.raises(RuntimeError), eng.index.write() as conn:
+            conn.execute("DELETE FROM memory_vectors WHERE session_id = 'a'")
+            eng.index.remove("a", 1)
+            raise RuntimeError("boom")
+        _same(eng._dense("alpha", "a", [], 10), _oracle(eng, "alpha", "a", [], 10))
+        assert len(eng._dense("alpha", "a", [], 100)) == 10
+
+
+def test_edits_outside_write_are_refused(hash_engine):
+    with pytest.raises(RuntimeError, match="inside VectorIndex.write"):
+        hash_engine.index.remove("default", 1)
+
+
+def test_writes_by_another_connection_are_seen(tmp_path):
+    path = tmp_path / "m.db"
+    with MemoryEngine(_config(path), embedder=SpreadEmbedder()) as a, MemoryEngine(_config(path), embedder=SpreadEmbedder()) as b:
+        _fill(a, 20)
+        for session in ("a", None):
+            a._dense("warm", session, [], 5)
+            new = b.save([f"from b into {session}"], session_id="a")["ids"][0]
+            assert a._dense(f"from b into {session}", session, [], 1)[0][0] == new
+            b.update(new, "changed by b")
+            assert a._dense("changed by b", session, [], 1)[0] == (new, pytest.approx(1.0, abs=1e-5))
+            b.delete(new)
+            assert new not in [h[0] for h in a._dense("changed by b", session, [], 100)]
+            _same(a._dense("alpha", session, ["t1"], 30), _oracle(a, "alpha", session, ["t1"], 30))
+
+
+def test_writes_by_another_process_are_seen(tmp_path):
+    path = tmp_path / "m.db"
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO / 'tests')!r})
+        from test_vector_index import SpreadEmbedder, _config
+        from tinycontext import MemoryEngine
+        with MemoryEngine(_config(__import__('pathlib').Path({str(path)!r})), embedder=SpreadEmbedder()) as eng:
+            new = eng.save(["written by another process"], session_id="a")["ids"][0]
+            eng.update(1, "rewritten by another process")
+            eng.delete(2)
+            print(new)
+    """)
+    with MemoryEngine(_config(path), embedder=SpreadEmbedder()) as eng:
+        _fill(eng, 20)
+        assert {h[0] for h in eng._dense("warm", "a", [], 100)} >= {1, 2}
+        new = int(subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True, cwd=REPO).stdout)
+        assert eng._dense("written by another process", "a", [], 1)[0][0] == new
+        assert eng._dense("rewritten by another process", "a", [], 1)[0] == (1, pytest.approx(1.0, abs=1e-5))
+        assert 2 not in [h[0] for h in eng._dense("alpha", "a", [], 100)]
+        _same(eng._dense("alpha", "a", [], 100), _oracle(eng, "alpha", "a", [], 100))
+
+
+def test_reindex_and_import_drop_the_copy(tmp_path):
+    with MemoryEngine(_config(tmp_path / "m.db"), embedder=SpreadEmbedder()) as eng:
+        _fill(eng, 15)
+        eng._dense("warm", None, [], 5)
+        other = SpreadEmbedder(salt="v2")
+        assert eng.store.bind_embedder(other.identity, reindex="auto", embed_all=other.embed_documents) == 45
+        eng.embedder = other
+        _same(eng._dense("alpha", None, [], 20), _oracle(eng, "alpha", None, [], 20))
+
+        with MemoryEngine(_config(tmp_path / "src.db"), embedder=other) as src:
+            src.save(["imported memory one", "imported memory two"], session_id="a")
+            dump = io.StringIO()
+            export_jsonl(src.store, dump)
+        import_jsonl(eng, io.StringIO(dump.getvalue()))
+        hits = eng._dense("imported memory two", "a", [], 3)
+        assert eng.get(hits[0][0])["content"] == "imported memory two"
+        _same(hits, _oracle(eng, "imported memory two", "a", [], 3))
+
+
+def test_sessions_over_the_limit_use_sqlite_vec(tmp_path):
+    with MemoryEngine(_config(tmp_path / "m.db", vector_cache_max=25), embedder=SpreadEmbedder()) as eng:
+        _fill(eng, 20)
+        eng.save([f"extra {i}" for i in range(10)], session_id="a")  # a: 30 > 25
+        for session in ("a", None, "b", "c"):
+            _same(eng._dense("alpha golf", session, ["t2"], 40), _oracle(eng, "alpha golf", session, ["t2"], 40))
+        assert list(eng.index._blocks) == ["c"]  # b was evicted to make room for c; a never fit
+        eng.save([f"more {i}" for i in range(10)], session_id="c")  # grows past the limit: dropped
+        assert eng.index.size == 0
+        _same(eng._dense("more 3", "c", [], 5), _oracle(eng, "more 3", "c", [], 5))
+
+
+def _saves(path, embedder, batches, **config):
+    with MemoryEngine(_config(path, **config), embedder=embedder) as eng:
+        return [eng.save(batch, session_id="s") for batch in batches]
+
+
+@pytest.mark.parametrize("mode", ["report", "skip"])
+def test_near_duplicate_reports_unchanged(tmp_path, monkeypatch, mode):
+    batches = [
+        [f"{w} {v} notes" for w in WORDS[:12] for v in WORDS[12:16]],
+        ["Alpha mike notes!", "golf tango notes?", "Golf tango notes.", "brand new words here", "zulu yankee"],
+        ["Golf PAPA notes", "brand new words here!", "golf oscar notes"],
+    ]
+    monkeypatch.setattr(vector_index, "NEAREST_CHUNK", 100)  # several slices per batch
+    cached = _saves(tmp_path / "c.db", HashEmbedder(), batches, dedup_mode=mode)
+    plain = _saves(tmp_path / "p.db", HashEmbedder(), batches, dedup_mode=mode, vector_cache_max=0)
+    for got, want in zip(cached, plain):
+        assert got["near_duplicates"] == want["near_duplicates"] and got["skipped"] == want["skipped"]
+        assert [(d["similar_to"], d["similarity"]) for d in got["near_duplicates"]] == \
+               [(d["similar_to"], d["similarity"]) for d in want["near_duplicates"]]
+    # Index 0 has a stored neighbour, index 2 one saved earlier in the same call: both are found.
+    second = cached[1]
+    flagged = {d["index"]: d["similar_to"] for d in second["near_duplicates"] + second["skipped"] if "similar_to" in d}
+    assert flagged[0] not in second["ids"] and flagged[2] in second["ids"]
+
+
+def test_near_duplicates_real_model(tmp_path, real_embedder):
+    batches = [["The meeting moved to Tuesday at 3 pm.", "Bo adopted a grey cat named Pixel."],
+               ["The meeting was moved to Tuesday, 3pm.", "Bo adopted a gray cat called Pixel.", "Totally unrelated: the sky."]]
+    with MemoryEngine(_config(tmp_path / "c.db", dedup_threshold=0.85), embedder=real_embedder) as cached, \
+            MemoryEngine(_config(tmp_path / "p.db", dedup_threshold=0.85, vector_cache_max=0), embedder=real_embedder) as plain:
+        (first_c, first_p), (second_c, second_p) = [(cached.save(b, session_id="s"), plain.save(b, session_id="s")) for b in batches]
+    assert first_c == first_p
+    assert [d["similar_to"] for d in second_c["near_duplicates"]] == [d["similar_to"] for d in second_p["near_duplicates"]]
+    assert np.allclose([d["similarity"] for d in second_c["near_duplicates"]], [d["similarity"] for d in second_p["near_duplicates"]], atol=2e-4)
+    assert second_c["near_duplicates"]
+
+
+def test_nearest_tie_reports_the_oldest(hash_engine):
+    first = hash_engine.save(["kilo lima notes"])["ids"][0]
+    hash_engine.save(["Kilo lima notes!", "zulu"])
+    hash_engine.save(["lima zulu"])  # a delete reorders the copy's rows
+    hash_engine.delete(first + 2)
+    report = hash_engine.save(["KILO LIMA NOTES"])["near_duplicates"]
+    assert report == [{"index": 0, "similar_to": first, "similarity": 1.0}]
+
+
+def test_emptied_session_has_no_dense_hits(hash_engine):
+    only = hash_engine.save(["lonely memory"], session_id="solo")["ids"][0]
+    assert hash_engine._dense("lonely memory", "solo", [], 5)[0][0] == only
+    hash_engine.delete(only)
+    assert hash_engine._dense("lonely memory", "solo", [], 5) == []
+    assert hash_engine.recall("lonely memory", session_id="solo")["memories"] == []
