@@ -95,7 +95,13 @@ def test_hub_loader_offline_says_what_to_pass_instead(monkeypatch, tmp_path):
         with pytest.raises(MissingExtraError, match="dataset.path"):
             load_hf_beir("BeIR/scifact", "BeIR/scifact-qrels")
         return
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    # huggingface_hub reads HF_HUB_OFFLINE once, at import: setting the env var here would leave the
+    # whole test session offline if this were the first import. Patch the read values instead.
+    import datasets
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
     with pytest.raises(ConfigError, match="dataset.path"):
         load_hf_beir("BeIR/scifact", "BeIR/scifact-qrels", cache_dir=str(tmp_path))

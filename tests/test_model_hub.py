@@ -30,6 +30,15 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.fixture(autouse=True)
+def hub_online(monkeypatch):
+    """These tests talk to a local fake hub: a user's HF_HUB_OFFLINE=1 (read once, at import) must not apply."""
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
 @pytest.fixture(scope="module")
 def qint8(shared_dir) -> Path:
     return shared_dir / "models" / "minilm-l6-qint8"
@@ -279,6 +288,6 @@ def test_unknown_spec_lists_the_known_names(tmp_path):
 
 def test_local_bundle_folder_by_path(qint8, tmp_path):
     bundle = resolve_model(str(qint8), tmp_path)
-    assert bundle.path == qint8 and bundle.sha256 == sha256(qint8 / "model.onnx")
+    assert bundle.path == qint8.resolve() and bundle.sha256 == sha256(qint8 / "model.onnx")
     assert bundle.revision == f"sha256:{bundle.sha256[:16]}"
     assert not list(tmp_path.iterdir())  # nothing downloaded or written

@@ -13,7 +13,9 @@ The copy stays exact:
 - any other change is caught by a stamp checked under the store lock before every use:
   ``PRAGMA data_version`` moves when another connection (process) commits, and the connection's
   ``total_changes`` moves on every write made on this connection outside :meth:`write` (imports,
-  reindex, direct SQL). A changed stamp drops the copy; it reloads on next use.
+  reindex, direct SQL). A changed stamp drops the copy; it reloads on next use. Loading goes
+  through vec0, which returns rows one at a time (~20 us each: 0.2 s for 10k vectors, ~2 s for
+  100k), so it pays off after a few queries, not on every one.
 
 Sessions larger than ``max_vectors`` (the ``vector_cache_max`` setting; 0 disables the copy) are
 not loaded: search and near-duplicate checks return None and the caller queries vec0.
@@ -21,11 +23,13 @@ not loaded: search and near-duplicate checks return None and the caller queries 
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from .store import Store
 
@@ -34,6 +38,18 @@ from .store import Store
 NEAREST_CHUNK = 16_000_000
 # Rows fetched from sqlite-vec per slice when loading.
 LOAD_SLICE = 8192
+
+# Products run on one BLAS thread: OpenBLAS workers keep spinning after a multi-threaded product
+# and starve the ONNX query embedding that runs next (10k recall with a fresh query: 40 ms against
+# 22 ms on 2 cores), while a product this size is bound by memory bandwidth anyway.
+_BLAS = ThreadpoolController().select(user_api="blas")
+_BLAS_LOCK = threading.Lock()  # limit() sets a process-wide value and restores it: one at a time
+
+
+@contextmanager
+def _one_blas_thread() -> Iterator[None]:
+    with _BLAS_LOCK, _BLAS.limit(limits=1):
+        yield
 
 
 def _unit(vectors: np.ndarray) -> np.ndarray:
@@ -182,7 +198,8 @@ class VectorIndex:
         while self._blocks and self.size + count > self.max_vectors:
             self._blocks.popitem(last=False)
             self._complete = False
-        loaded = self._read(" WHERE session_id = ?", (session,), expected=count)
+        # Headroom for the session's next saves, so they append without copying the matrix.
+        loaded = self._read(" WHERE session_id = ?", (session,), lambda _: session, expected=count + count // 8)
         block = self._blocks[session] = loaded.get(session) or _Block()
         return block
 
@@ -191,19 +208,24 @@ class VectorIndex:
             count = self.store.conn.execute("SELECT count(*) FROM memories").fetchone()[0]
             if count > self.max_vectors:
                 return None
+            # vec0 is slow to return its partition column (~10 us a row): sessions come from memories.
+            session_of = dict(self.store.conn.execute("SELECT id, session_id FROM memories").fetchall()).get
             self.clear()
-            self._blocks.update(self._read("", ()))
+            self._blocks.update(self._read("", (), session_of))
             self._complete = True
         return list(self._blocks.values())
 
-    def _read(self, where: str, params: tuple, expected: int = 0) -> dict[str, _Block]:
+    def _read(self, where: str, params: tuple, session_of: Callable[[int], str | None], expected: int = 0) -> dict[str, _Block]:
         """Blocks per session from ``memory_vectors``, fetched in slices so the raw rows never
         take more memory than one slice."""
-        cursor = self.store.conn.execute("SELECT session_id, memory_id, embedding FROM memory_vectors" + where, params)
+        cursor = self.store.conn.execute("SELECT memory_id, embedding FROM memory_vectors" + where, params)
         blocks: dict[str, _Block] = {}
         while rows := cursor.fetchmany(LOAD_SLICE):
             groups: dict[str, tuple[list, list]] = {}
-            for session, memory_id, blob in rows:
+            for memory_id, blob in rows:
+                session = session_of(memory_id)
+                if session is None:  # saved by another process between the two reads: the stamp shows it
+                    continue
                 ids, blobs = groups.setdefault(session, ([], []))
                 ids.append(memory_id)
                 blobs.append(blob)
@@ -231,7 +253,8 @@ class VectorIndex:
             q = _unit(query)
             blocks = [b for b in blocks if b.n]
             ids = np.concatenate([b.ids for b in blocks] or [np.zeros(0, np.int64)])
-            scores = np.concatenate([b.rows @ q for b in blocks] or [np.zeros(0, np.float32)])
+            with _one_blas_thread():
+                scores = np.concatenate([b.rows @ q for b in blocks] or [np.zeros(0, np.float32)])
         if allowed is not None:
             keep = np.isin(ids, allowed)
             ids, scores = ids[keep], scores[keep]
@@ -252,8 +275,9 @@ class VectorIndex:
 
     def nearest(self, session: str, vectors: np.ndarray) -> list[tuple[int, float] | None] | None:
         """For each vector, the most similar stored memory of the session as (id, cosine), the
-        oldest (lowest id) among equals; None when the session is empty. None when the copy cannot hold the session. Call inside
-        :meth:`write`, before the transaction's own inserts (they reach the copy on commit)."""
+        oldest (lowest id) among equals; None when the session is empty. None instead of the list
+        when the copy cannot hold the session. Call inside :meth:`write`, before the
+        transaction's own inserts (they reach the copy on commit)."""
         if self.max_vectors <= 0:
             return None
         block = self._session(session)
@@ -265,7 +289,8 @@ class VectorIndex:
         queries = _unit(vectors)
         step = max(1, NEAREST_CHUNK // block.n)
         for start in range(0, len(queries), step):
-            sims = queries[start:start + step] @ block.rows.T
+            with _one_blas_thread():
+                sims = queries[start:start + step] @ block.rows.T
             best = sims.max(axis=1)
             oldest = np.where(sims == best[:, None], block.ids, np.iinfo(np.int64).max).min(axis=1)
             out += list(zip(oldest.tolist(), best.astype(np.float64).tolist()))
