@@ -63,7 +63,7 @@ class TinyContextConfig(BaseModel):
     max_content_chars: int = Field(100_000, ge=1)
     max_batch_size: int = Field(1000, ge=1)
     # Vectors held in RAM for fast exact dense search (0: always query sqlite-vec); bigger sessions use sqlite-vec.
-    vector_cache_max: int = Field(500_000, ge=0)
+    vector_cache_max: int = Field(200_000, ge=0)
 
     @field_validator("memory_db_path", "models_dir", mode="after")
     @classmethod

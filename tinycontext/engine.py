@@ -12,6 +12,7 @@ import json
 import threading
 import time
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -34,6 +35,7 @@ from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory
 from .vector_index import VectorIndex
 
 DEFAULT_SESSION = "default"
+_QUERY_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tinycontext-query")
 MAX_TAGS = 64
 MAX_TAG_CHARS = 100
 MAX_METADATA_BYTES = 64_000
@@ -283,8 +285,11 @@ class MemoryEngine:
         if session is not None and not self.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
             raise SessionNotFoundError(f"No session {session!r}. Save memories into it first, or recall without session_id to search all sessions.")
 
+        # Embed the query on a worker thread while FTS5 runs here: ONNX and SQLite both release the
+        # GIL, so on two cores the two steps overlap instead of adding up.
+        vector = _QUERY_POOL.submit(self.embedder.embed_query, query) if weight > 0.0 else None
         bm25_hits = self._bm25(query, session, tag_list, depth) if weight < 1.0 else []
-        dense_hits = self._dense(query, session, tag_list, depth) if weight > 0.0 else []
+        dense_hits = self._dense(query, session, tag_list, depth, vector=vector.result()) if vector else []
         ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
         window = ranked[offset:]
         rows = self._rows([c.id for c in window])
@@ -333,8 +338,9 @@ class MemoryEngine:
         sql += tag_sql + " ORDER BY score DESC, m.id LIMIT ?"
         return [(r[0], r[1]) for r in self.store.read(sql, [*params, *tag_params, depth])]
 
-    def _dense(self, query: str, session: str | None, tags: list[str], depth: int) -> list[tuple[int, float]]:
-        vector = self.embedder.embed_query(query)
+    def _dense(self, query: str, session: str | None, tags: list[str], depth: int, *, vector: np.ndarray | None = None) -> list[tuple[int, float]]:
+        if vector is None:
+            vector = self.embedder.embed_query(query)
         with self.store.lock:
             allowed = None
             if tags:
