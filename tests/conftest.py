@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -72,3 +73,16 @@ def hash_engine(config):
     """An engine on a fresh database with the fast deterministic test embedder."""
     with MemoryEngine(config, embedder=HashEmbedder()) as eng:
         yield eng
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch) -> dict[str, str]:
+    """TINYCONTEXT_* settings for a temporary database, set here and returned for subprocesses."""
+    (tmp_path / "config.json").write_text("{}")  # keeps a developer's per-user config out of the test
+    values = {"TINYCONTEXT_CONFIG_PATH": str(tmp_path / "config.json"), "TINYCONTEXT_MEMORY_DB_PATH": str(tmp_path / "memory.db"),
+              "TINYCONTEXT_MODELS_DIR": str(tmp_path / "models")}
+    for key in [k for k in os.environ if k.startswith("TINYCONTEXT_")]:
+        monkeypatch.delenv(key)
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    return values

@@ -18,19 +18,6 @@ from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.cli import main
 
 
-@pytest.fixture
-def env(tmp_path, monkeypatch) -> dict[str, str]:
-    """TINYCONTEXT_* settings for a temporary database, set here and returned for subprocesses."""
-    (tmp_path / "config.json").write_text("{}")  # keeps a developer's per-user config out of the test
-    values = {"TINYCONTEXT_CONFIG_PATH": str(tmp_path / "config.json"), "TINYCONTEXT_MEMORY_DB_PATH": str(tmp_path / "memory.db"),
-              "TINYCONTEXT_MODELS_DIR": str(tmp_path / "models")}
-    for key in [k for k in os.environ if k.startswith("TINYCONTEXT_")]:
-        monkeypatch.delenv(key)
-    for key, value in values.items():
-        monkeypatch.setenv(key, value)
-    return values
-
-
 def tc(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}
     return subprocess.run([sys.executable, "-m", "tinycontext.cli", *args], input=stdin, capture_output=True, text=True, check=False,

@@ -20,18 +20,6 @@ from tinycontext.model_hub import BUILTIN_NAME, BUILTIN_SHA256, MANIFEST
 from tinycontext.store import SCHEMA_VERSION, sqlite_driver
 
 
-@pytest.fixture
-def env(tmp_path, monkeypatch) -> dict[str, str]:
-    (tmp_path / "config.json").write_text("{}")  # keeps a developer's per-user config out of the test
-    values = {"TINYCONTEXT_CONFIG_PATH": str(tmp_path / "config.json"), "TINYCONTEXT_MEMORY_DB_PATH": str(tmp_path / "db" / "memory.db"),
-              "TINYCONTEXT_MODELS_DIR": str(tmp_path / "models")}
-    for key in [k for k in os.environ if k.startswith("TINYCONTEXT_")]:
-        monkeypatch.delenv(key)
-    for key, value in values.items():
-        monkeypatch.setenv(key, value)
-    return values
-
-
 def doctor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}
     return subprocess.run([sys.executable, "-m", "tinycontext.cli", "doctor", *args], capture_output=True, text=True, check=False,
