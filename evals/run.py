@@ -43,9 +43,10 @@ def main(cfg: DictConfig) -> float:
     hc = HydraConfig.get()
     record = run_config(cfg, Path(hc.runtime.output_dir), overrides=list(hc.overrides.task))
     row = record["row"]
-    log.info("%s | %s | w=%g k=%g budget=%d: nDCG@10 %.4f R@100 %.4f budget recall %.3f, p95 %.1f ms, tokens %.0f vs %.0f naive",
-             row["dataset"], row["embedder"], row["dense_weight"], row["rrf_k"], row["max_tokens"], row["ndcg@10"],
-             row["recall@100"], row["budget_recall"], row["recall_p95_ms"], row["tokens_returned"], row["tokens_naive"])
+    log.info("%s | %s | w=%g k=%g budget=%d: nDCG@10 %s %.4f [%.4f, %.4f], %s %.4f; budget recall %.3f, p95 %.1f ms, "
+             "tokens %.0f vs %.0f naive", row["dataset"], row["embedder"], row["dense_weight"], row["rrf_k"], row["max_tokens"],
+             row["test_split"], row["ndcg@10"], row["ndcg@10_ci_low"], row["ndcg@10_ci_high"], row["tune_split"],
+             row["tune_ndcg@10"], row["budget_recall"], row["recall_p95_ms"], row["tokens_returned"], row["tokens_naive"])
     if hc.mode == RunMode.MULTIRUN:
         log.info(record_progress(Path(hc.sweep.dir), str(hc.job.num), time.perf_counter() - started))
     return float(row["ndcg@10"])  # the value an optimizing sweeper (Optuna, Nevergrad) would maximise

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install TinyContext with every extra (eval harness, notebooks, HTTP, tests).
+# Create .venv and install TinyContext with every extra (eval harness, notebooks + JupyterLab, distributed
+# sweeps (submitit, Ray), HTTP, tests).
 # Needs only python3 >= 3.11 and access to PyPI; models, tokenizer and test data are bundled or in ../shared.
 set -euo pipefail
 cd "$(dirname "$0")/.."
