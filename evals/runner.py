@@ -207,7 +207,8 @@ def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, nai
         run[qid] = {d: float(n - i) for i, m in enumerate(ranking["memories"]) for d in doc_ids[str(m["id"])]}
         seen = [d for m in answer["memories"] for d in doc_ids[str(m["id"])]]
         top = [d for m in ranking["memories"][:10] for d in doc_ids[str(m["id"])]]
-        rows.append({"query_id": qid, "tune": qid in tune, "test": qid in test, **dataset.query_info.get(qid, {}),
+        rows.append({"query_id": qid, "tune": qid in tune, "test": qid in test, "session": session,
+                     **dataset.query_info.get(qid, {}),
                      "tokens_returned": answer["total_tokens"], "tokens_naive": naive[qid],
                      "memories_returned": len(answer["memories"]), "budget_recall": recall_within(seen, dataset.qrels[qid]),
                      "retrieved": ";".join(top), "relevant": ";".join(d for d, g in dataset.qrels[qid].items() if g > 0)})
