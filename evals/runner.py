@@ -107,6 +107,7 @@ def get_dataset(cfg: DictConfig, base: Path) -> EvalDataset:
     if key not in _datasets:
         dataset = instantiate(params)
         dataset.info["loader_code"] = code
+        dataset.info["params"] = params  # what rebuilds it (notebooks), with an absolute path
         _datasets[key] = dataset
     return _datasets[key]
 
