@@ -22,6 +22,7 @@ from .. import __version__
 from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import TinyContextError
+from ..filters import FilterSpec
 from .http import CORS_HEADERS, Guard, ServeSettings
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class RecallRequest(_Request):
     top_k: int | None = Field(None, description="At most this many memories (1-1000).")
     tags: list[str] | None = Field(None, description="Keep only memories with any of these tags.")
     offset: int = Field(0, description="Skip this many ranked results (paging).")
+    filters: FilterSpec | None = Field(None, description="tags_any, tags_all, metadata equality, created_at/updated_at ranges.")
 
 
 class IdRequest(_Request):
@@ -228,7 +230,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     @app.post("/recall_memories", response_model=RecallResponse, summary="Recall the most relevant memories within a token budget")
     def recall_memories(body: RecallRequest) -> dict:
         return engines().recall(body.query, session_id=body.session_id, max_tokens=body.max_tokens, top_k=body.top_k,
-                                tags=body.tags, offset=body.offset)
+                                tags=body.tags, offset=body.offset, filters=body.filters)
 
     @app.post("/update_memory", response_model=MemoryWithHistory, summary="Replace a memory's content, tags or metadata")
     def update_memory(body: UpdateRequest) -> dict:

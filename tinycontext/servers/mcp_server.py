@@ -22,6 +22,7 @@ from pydantic import Field, ValidationError
 from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import InvalidInputError, TinyContextError
+from ..filters import FilterSpec
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +179,12 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
         top_k: Annotated[int | None, Field(description="At most this many memories (1-1000).")] = None,
         tags: Annotated[list[str] | None, Field(description="Keep only memories with any of these tags.")] = None,
         offset: Annotated[int, Field(description="Skip this many ranked results (paging).")] = 0,
+        filters: Annotated[FilterSpec | None, Field(description="Narrow the search: tags_any, tags_all, metadata equality, "
+                                                    "created_at/updated_at ranges ({gte, gt, lte, lt}).")] = None,
     ) -> CallToolResult:
         return await answer(
-            lambda engine: engine.recall(query, session_id=session_id, max_tokens=max_tokens, top_k=top_k, tags=tags, offset=offset),
+            lambda engine: engine.recall(query, session_id=session_id, max_tokens=max_tokens, top_k=top_k, tags=tags, offset=offset,
+                                         filters=filters),
             render_recall,
         )
 
