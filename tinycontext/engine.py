@@ -283,16 +283,15 @@ class MemoryEngine:
         depth = max(_check_int(self.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000), offset + top_k)
         session = _check_session(session_id)
         tag_list = _normalise_tags([] if tags is None else tags, "tags")
-        # ``tags`` is the any-of shorthand; with ``filters`` both must hold.
-        where = [Filters(tags_any=tuple(tag_list)), parse_filters(filters)]
+        filters = parse_filters(filters)
         if session is not None and not self.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
             raise SessionNotFoundError(f"No session {session!r}. Save memories into it first, or recall without session_id to search all sessions.")
 
         # Embed the query on a worker thread while FTS5 runs here: ONNX and SQLite both release the
         # GIL, so on two cores the two steps overlap instead of adding up.
         vector = _QUERY_POOL.submit(self.embedder.embed_query, query) if weight > 0.0 else None
-        bm25_hits = self._bm25(query, session, where, depth) if weight < 1.0 else []
-        dense_hits = self._dense(query, session, where, depth, vector=vector.result()) if vector else []
+        bm25_hits = self._bm25(query, session, tag_list, depth, filters) if weight < 1.0 else []
+        dense_hits = self._dense(query, session, tag_list, depth, filters, vector=vector.result()) if vector else []
         ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
         window = ranked[offset:]
         rows = self._rows([c.id for c in window])
@@ -322,17 +321,18 @@ class MemoryEngine:
         }
 
     @staticmethod
-    def _filter_sql(where: Sequence[Filters], id_column: str) -> tuple[str, list]:
-        """`` AND condition`` (or "") and its parameters for the filters that hold for ``id_column``."""
+    def _filter_sql(tags: Sequence[str], filters: Filters | None, id_column: str) -> tuple[str, list]:
+        """`` AND condition`` (or "") and its parameters: ``tags`` is the any-of shorthand, and
+        both it and ``filters`` must hold."""
         sql, params = "", []
-        for part in where:
+        for part in (Filters(tags_any=tuple(tags)), filters or Filters()):
             condition, values = part.sql(id_column)
             if condition:
                 sql += " AND " + condition
                 params += values
         return sql, params
 
-    def _bm25(self, query: str, session: str | None, where: Sequence[Filters], depth: int) -> list[tuple[int, float]]:
+    def _bm25(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None) -> list[tuple[int, float]]:
         match = fts_query(query)
         if match is None:
             return []
@@ -347,14 +347,15 @@ class MemoryEngine:
                                       "JOIN memories m ON m.id = memories_fts.rowid WHERE memories_fts MATCH ? "
                                       "AND m.session_id = ?"), [match, session], "m.id"
         # The filter is part of the FTS query, so the LIMIT keeps the best matches that pass it.
-        filter_sql, filter_params = self._filter_sql(where, id_column)
+        filter_sql, filter_params = self._filter_sql(tags, filters, id_column)
         sql += filter_sql + f" ORDER BY score DESC, {id_column} LIMIT ?"
         return [(r[0], r[1]) for r in self.store.read(sql, [*params, *filter_params, depth])]
 
-    def _dense(self, query: str, session: str | None, where: Sequence[Filters], depth: int, *, vector: np.ndarray | None = None) -> list[tuple[int, float]]:
+    def _dense(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None, *,
+               vector: np.ndarray | None = None) -> list[tuple[int, float]]:
         if vector is None:
             vector = self.embedder.embed_query(query)
-        filter_sql, filter_params = self._filter_sql(where, "id")
+        filter_sql, filter_params = self._filter_sql(tags, filters, "id")
         with self.store.lock:
             allowed = None
             if filter_sql:
