@@ -22,6 +22,7 @@ from pydantic import Field, ValidationError
 from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import InvalidInputError, TinyContextError
+from ..web.browser.tools import register as register_browser
 
 log = logging.getLogger(__name__)
 
@@ -214,4 +215,5 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
     async def get_memory(id: MemoryId) -> CallToolResult:
         return await answer(lambda engine: engine.get(id), render_memory)
 
+    register_browser(server, config)
     return server

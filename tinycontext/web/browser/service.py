@@ -132,6 +132,11 @@ class BrowserService:
     async def acall(self, method: str, key: str, **kwargs) -> dict:
         return await asyncio.wrap_future(self._submit(getattr(self, method)(key, **kwargs)))
 
+    def close_later(self, key: str) -> None:
+        """Close ``key``'s session soon, without waiting (safe from finalizers on any thread)."""
+        if not self._closed:
+            asyncio.run_coroutine_threadsafe(self.close_session(key), self.loop)
+
     def close(self) -> None:
         """Close every session and the browser, then stop the loop thread."""
         if self._closed:
@@ -272,7 +277,7 @@ class BrowserService:
         await tab.cdp.send("Accessibility.enable")
         tab.ready.set()
         if opened:
-            session.note(f"tab {tab.id} opened (switch_tab {tab.id} to use it)")
+            session.note(f"tab {tab.id} opened: switch_tab {tab.id} to use it")
         return tab
 
     async def _dialog(self, session: Session, tab: Tab, dialog) -> None:
@@ -478,6 +483,7 @@ class BrowserService:
 
     async def _view(self, session: Session, *, find: str | None, depth: int | None, max_tokens: int | None) -> dict:
         max_tokens = max_tokens or self.config.browser_max_tokens
+        session.last_used = time.monotonic()  # idle time counts from the end of the last call
         tab = session.tabs[session.current]
         try:
             ax = await tab.cdp.send("Accessibility.getFullAXTree")

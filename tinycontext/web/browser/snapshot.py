@@ -27,7 +27,10 @@ ACTIONABLE = frozenset({
 EDITABLE = frozenset({"textbox", "searchbox", "combobox", "spinbutton", "textField", "SearchField"})
 # Nodes that only group others: dropped unless named or actionable.
 TRANSPARENT = frozenset({"generic", "none", "presentation", "GenericContainer", "LayoutTable", "LayoutTableRow",
-                         "LayoutTableCell", "Section", "Div", "Pre", "IframePresentational", "group", "Canvas"})
+                         "LayoutTableCell", "Section", "Div", "Pre", "IframePresentational", "group", "Canvas",
+                         "strong", "emphasis", "mark", "time", "subscript", "superscript", "abbr"})
+# Containers that add nothing around a single element child of the same name.
+LIFTED = frozenset({"listitem", "cell", "gridcell", "paragraph", "LabelText", "label"})
 SKIPPED = frozenset({"InlineTextBox", "LineBreak", "ListMarker"})
 TEXT = frozenset({"StaticText", "text"})
 # AX properties worth a word: shown as ``name`` when true or ``name=value`` otherwise.
@@ -87,14 +90,14 @@ def _value(ax: dict, key: str) -> str:
 def _states(ax: dict) -> tuple[list[str], bool, bool]:
     """Rendered states, whether the node is focusable, whether it is editable."""
     props = {p["name"]: (p.get("value") or {}).get("value") for p in ax.get("properties", [])}
+    if _value(ax, "role") != "heading":
+        props.pop("level", None)  # list and tree nesting shows in the indentation already
     states = []
     for name in STATES:
         value = props.get(name)
-        if value in (None, False, "false", ""):
+        if value is None or value is False or value in ("false", ""):
             continue
-        if name == "invalid" and value == "false":
-            continue
-        states.append(name if value in (True, "true") else f"{name}={value}")
+        states.append(name if value is True or value == "true" else f"{name}={value}")
     return states, bool(props.get("focusable")), props.get("editable") not in (None, "", False)
 
 
@@ -121,7 +124,9 @@ def _build(ax: dict, by_id: dict, seen: set) -> list[Node]:
         return children
     name = _value(ax, "name")
     states, focusable, editable = _states(ax)
-    actionable = role in ACTIONABLE or (focusable and role not in ("RootWebArea", "WebArea")) or editable
+    # An editable field's inner wrapper is editable too, but only the field is worth a ref.
+    actionable = role in ACTIONABLE or (focusable and role not in ("RootWebArea", "WebArea")) or (
+        editable and role not in TRANSPARENT)
     if role in TRANSPARENT and not name and not actionable:
         return children
     if role in ("RootWebArea", "WebArea"):
@@ -131,6 +136,9 @@ def _build(ax: dict, by_id: dict, seen: set) -> list[Node]:
     # Text that only repeats the name (a button's label, a field's own value) is said once.
     node.children = [c for c in children if not (c.is_text and c.name in (node.name, node.value))]
     _merge_text(node)
+    if role in LIFTED and not actionable and len(node.children) == 1 and not node.children[0].is_text \
+            and node.name in ("", node.children[0].name):
+        return node.children  # a list item or cell holding just a link: the link says it all
     return [node]
 
 
