@@ -181,7 +181,8 @@ def test_infinite_scroll(browser, site):
 @needs_browser
 def test_refs_must_be_seen_and_current(browser, site):
     view = browser.call("navigate", "t-refs", url=site.url("/big"), max_tokens=300)
-    assert view["truncated"] and "view cut at max_tokens=300" in view["view"] and view["tokens"] <= 300
+    assert view["truncated"] and "view cut at max_tokens=300" in view["view"]
+    assert view["tokens"] <= 300 and view["structured_tokens"] <= 300
     unseen = f"e{max(int(r[1:]) for r in view['refs']) + 5}"
     with pytest.raises(InvalidInputError, match="not in a view you received"):
         browser.call("act", "t-refs", action="click", ref=unseen)

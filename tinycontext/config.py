@@ -80,7 +80,7 @@ class TinyContextConfig(BaseModel):
     # Limit for one navigation or action (page load, wait_for).
     browser_timeout_seconds: float = Field(15.0, gt=0)
     # Default token budget of one browser view.
-    browser_max_tokens: int = Field(2000, ge=50, le=1_000_000)
+    browser_max_tokens: int = Field(2000, ge=64, le=1_000_000)
 
     @field_validator("memory_db_path", "models_dir", "browser_executable_path", mode="after")
     @classmethod

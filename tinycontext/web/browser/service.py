@@ -28,6 +28,7 @@ from typing import Any
 from ...budget import TokenCounter
 from ...config import TinyContextConfig
 from ...errors import InvalidInputError, TinyContextError
+from ...render import MIN_AGENT_TOKENS, to_json
 from ..guard import Decision, Guard
 from . import launch
 from .proxy import GuardProxy
@@ -462,8 +463,7 @@ class BrowserService:
     async def _tabs(self, session: Session) -> dict:
         lines = [f"{'*' if tid == session.current else ' '} tab {tid}: {await _title_url(tab.page)}" for tid, tab in session.tabs.items()]
         text = "\n".join([f"{len(session.tabs)} tab(s); * = current. switch_tab N to change.", *lines])
-        return {"tab": session.current, "tabs": len(session.tabs), "view": text, "tokens": self.counter.count(text),
-                "truncated": False, "refs": []}
+        return self._answer({"tab": session.current, "tabs": len(session.tabs), "truncated": False, "refs": []}, text)
 
     async def _close_tab(self, session: Session, text: str | None, **view_args) -> dict:
         number = _tab_number(text) if text else session.current
@@ -473,8 +473,7 @@ class BrowserService:
         if len(session.tabs) == 1:
             await self._close_session(session)
             text = "Closed the last tab: the browser session (cookies, storage) is gone. browser_navigate starts a new one."
-            return {"tab": None, "tabs": 0, "view": text, "tokens": self.counter.count(text), "truncated": False,
-                    "refs": [], "closed": True}
+            return self._answer({"tab": None, "tabs": 0, "truncated": False, "refs": [], "closed": True}, text)
         await tab.page.close()
         self._tab_closed(session, tab)
         return await self._view(session, **view_args)
@@ -510,9 +509,15 @@ class BrowserService:
         text = header_text + ("\n" + "\n".join(lines) if lines else "")
         refs = [m for line in lines for m in REF_RE.findall(line)]
         session.seen.update(refs)
-        return {"tab": tab.id, "tabs": len(session.tabs), "url": tab.page.url, "title": await _title(tab.page),
-                "view": text, "tokens": self.counter.count(text), "truncated": bool(cut), "refs": refs,
-                **({"matches": view.matches} if find else {})}
+        return self._answer({"tab": tab.id, "tabs": len(session.tabs), "url": tab.page.url, "title": await _title(tab.page),
+                             "truncated": bool(cut), "refs": refs, **({"matches": view.matches} if find else {})}, text)
+
+    def _answer(self, facts: dict, text: str) -> dict:
+        """The view text and the facts around it, each counted as the agent receives it (text, JSON)."""
+        facts["tokens"] = self.counter.count(text)
+        facts["structured_tokens"] = 0
+        facts["structured_tokens"] = self.counter.count(to_json(facts))
+        return {**facts, "view": text}
 
     def _ref_for(self, session: Session, tab: Tab, backend_id: int) -> str:
         key = (tab.id, tab.generation, backend_id)
@@ -604,8 +609,8 @@ def _tab_number(text: str | None) -> int:
 def _check_view_args(find: str | None, depth: int | None, max_tokens: int | None) -> None:
     if depth is not None and depth < 1:
         raise InvalidInputError("depth must be 1 or more.")
-    if max_tokens is not None and not 50 <= max_tokens <= 1_000_000:
-        raise InvalidInputError("max_tokens must be between 50 and 1000000.")
+    if max_tokens is not None and not MIN_AGENT_TOKENS <= max_tokens <= 1_000_000:
+        raise InvalidInputError(f"max_tokens must be between {MIN_AGENT_TOKENS} and 1000000.")
     if find is not None and not find.strip():
         raise InvalidInputError("find must not be empty.")
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...config import TinyContextConfig, load_config
 from ...errors import InvalidInputError, TinyContextError
+from ...render import MIN_AGENT_TOKENS
 from .service import ACTIONS, get_service
 
 NAVIGATE_HELP = (
@@ -38,7 +39,7 @@ ACT_HELP = (
 Url = Annotated[str, Field(description="http(s) URL to open.")]
 Find = Annotated[str | None, Field(description="Show only elements matching this regex (or text, case-insensitive) with their context.")]
 Depth = Annotated[int | None, Field(description="Show only this many levels of the tree (1 = top level).", ge=1)]
-MaxTokens = Annotated[int | None, Field(description="Token budget of the view (default browser_max_tokens).", ge=50, le=1_000_000)]
+MaxTokens = Annotated[int | None, Field(description="Token budget of the view (default browser_max_tokens).", ge=MIN_AGENT_TOKENS, le=1_000_000)]
 ActionName = Literal[ACTIONS]  # type: ignore[valid-type]  # the service's tuple, one source of truth
 Action = Annotated[ActionName, Field(description="What to do.")]
 RefArg = Annotated[str | None, Field(description="ref=eN of the element, from the latest view (click, type, press).")]
@@ -93,7 +94,7 @@ class _Body(BaseModel):
                             description="Your browser session (cookies, tabs); callers sharing a name share it.")
     find: str | None = Field(None, description="Keep only elements matching this regex (or text) with their context.")
     depth: int | None = Field(None, ge=1, description="Levels of the tree to show.")
-    max_tokens: int | None = Field(None, ge=50, le=1_000_000, description="Token budget of the view.")
+    max_tokens: int | None = Field(None, ge=MIN_AGENT_TOKENS, le=1_000_000, description="Token budget of the view.")
 
 
 class NavigateRequest(_Body):
@@ -113,6 +114,7 @@ class BrowserView(BaseModel):
     url: str | None = None
     title: str | None = None
     tokens: int = Field(description="Tokens of view.")
+    structured_tokens: int = Field(description="Tokens of the other fields as compact JSON (MCP structured content).")
     truncated: bool
     refs: list[str] = Field(description="Refs shown in the view (the ones click and type accept).")
     matches: int | None = None
