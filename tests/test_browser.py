@@ -7,7 +7,6 @@ import time
 import anyio
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -319,11 +318,11 @@ def test_backend_off_removes_the_tools(tmp_path):
 @needs_browser
 def test_rest_endpoints(site, tmp_path):
     from tinycontext.servers.fastapi_server import create_app
-    from tinycontext.servers.http import ServeSettings
+    from tinycontext.servers.http import ServeSettings, background
 
     config = TinyContextConfig(allow_private_hosts=True, memory_db_path=tmp_path / "m.db")
     try:
-        with TestClient(create_app(config, settings=ServeSettings())) as api:
+        with background(create_app(config, settings=ServeSettings())) as base, httpx.Client(base_url=base, timeout=60) as api:
             view = api.post("/browser/navigate", json={"url": site.url("/click"), "session_id": "r"}).json()
             assert "Widget 3000" in view["view"] and view["refs"]
             after = api.post("/browser/act", json={"action": "click", "ref": view["refs"][0], "session_id": "r"}).json()
