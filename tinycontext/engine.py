@@ -12,6 +12,7 @@ import json
 import threading
 import time
 import unicodedata
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -19,6 +20,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import conversation
 from .budget import TokenCounter, fit_budget
 from .config import TinyContextConfig
 from .embeddings import Embedder
@@ -47,13 +49,22 @@ VEC_KNN_MAX = 4096
 
 
 class MemoryInput(BaseModel):
-    """One memory to save. ``content`` is what recall returns and what the budget counts."""
+    """One memory to save. ``content`` is what recall returns and what the budget counts.
+
+    Conversation turns may also say when they happened (``occurred_at``, ISO 8601), who said them
+    (``speaker``), what was shared with them (``attachments``: text such as an image caption) and
+    which ``episode`` (chat session, thread) they belong to; see tinycontext/conversation.py.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     content: str
     tags: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    occurred_at: Any = None
+    speaker: str | None = None
+    attachments: list[str] = Field(default_factory=list)
+    episode: str | None = None
 
 
 def _depth(value: Any, level: int = 0) -> int:
@@ -196,15 +207,26 @@ class MemoryEngine:
             _clean_text(meta_json, f"{where}.metadata")
             if too_deep or len(meta_json.encode("utf-8")) > MAX_METADATA_BYTES:
                 raise InvalidInputError(f"{where}.metadata is too large (max {MAX_METADATA_BYTES} bytes, depth {MAX_METADATA_DEPTH}).", index=i)
-            out.append(MemoryInput(content=content, tags=_normalise_tags(item.tags, where), metadata=item.metadata))
+            out.append(MemoryInput(
+                content=content, tags=_normalise_tags(item.tags, where), metadata=item.metadata,
+                occurred_at=conversation.parse_occurred_at(item.occurred_at, where),
+                speaker=conversation.check_label(item.speaker, "speaker", conversation.MAX_SPEAKER_CHARS, where),
+                attachments=conversation.check_attachments(item.attachments, where),
+                episode=conversation.check_label(item.episode, "episode", conversation.MAX_EPISODE_CHARS, where),
+            ))
         return out
 
-    def save(self, memories, *, session_id: str | None = None) -> dict:
+    def save(self, memories, *, session_id: str | None = None, episode: str | None = None) -> dict:
+        """Save memories into a session. ``episode`` names the episode of those that name none;
+        without it, one call's memories form a new episode as ``auto_episode`` says."""
         items = self._validate(memories)
         session = _check_session(session_id) or DEFAULT_SESSION
-        hashes = [_content_hash(m.content) for m in items]
-        tokens = self.tokens.count_many([m.content for m in items])
-        vectors = self.embedder.embed_documents([m.content for m in items], progress=self.progress)
+        call_episode = conversation.check_label(episode, "episode", conversation.MAX_EPISODE_CHARS, "save")
+        indexed = [conversation.embedding_text(m.content, m.speaker, m.occurred_at, m.attachments) for m in items]
+        # The same words said by another speaker or on another day are another memory.
+        hashes = [_content_hash(text) for text in indexed]
+        tokens = self.tokens.count_many([conversation.display_text(m.content, m.speaker, m.attachments) for m in items])
+        vectors = self.embedder.embed_documents(indexed, progress=self.progress)
         saved: list[dict] = []
         skipped: list[dict] = []
         near: list[dict] = []
@@ -216,6 +238,8 @@ class MemoryEngine:
             conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, created))
             batch_seen: dict[str, int] = {}
             batch_kept: list[tuple[int, np.ndarray]] = []
+            episodes: dict[str, int] = {}
+            auto_key = f"save-{uuid.uuid4().hex[:16]}"
             for i, (item, digest, vector) in enumerate(zip(items, hashes, vectors)):
                 existing = conn.execute(
                     "SELECT id FROM memories WHERE session_id = ? AND content_hash = ? LIMIT 1", (session, digest)
@@ -231,11 +255,18 @@ class MemoryEngine:
                         skipped.append({**report, "reason": "near_duplicate"})
                         continue
                     near.append(report)
+                key = item.episode or call_episode or self._auto_episode(item, auto_key)
+                if key is not None and key not in episodes:
+                    conn.execute("INSERT OR IGNORE INTO episodes(session_id, key, created_at) VALUES (?, ?, ?)", (session, key, created))
+                    episodes[key] = conn.execute("SELECT id FROM episodes WHERE session_id = ? AND key = ?", (session, key)).fetchone()[0]
                 cursor = conn.execute(
-                    "INSERT INTO memories(session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)",
+                    "INSERT INTO memories(session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
+                    " occurred_at, speaker, attachments, context, episode_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?)",
                     (session, item.content, json.dumps(item.tags, ensure_ascii=False), json.dumps(item.metadata, ensure_ascii=False),
-                     digest, tokens[i], created, created),
+                     digest, tokens[i], created, created, item.occurred_at, item.speaker,
+                     json.dumps(item.attachments, ensure_ascii=False),
+                     conversation.search_context(item.speaker, item.occurred_at, item.attachments),
+                     None if key is None else episodes[key]),
                 )
                 mid = cursor.lastrowid
                 conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(mid, t) for t in item.tags])
@@ -245,6 +276,7 @@ class MemoryEngine:
                 saved.append({"index": i, "id": mid, "tokens": tokens[i]})
             if batch_kept:
                 self.index.add(session, [mid for mid, _ in batch_kept], np.stack([v for _, v in batch_kept]))
+            conversation.index_episodes(conn, episodes.values())
         return {
             "session_id": session,
             "ids": [s["id"] for s in saved],
@@ -253,6 +285,10 @@ class MemoryEngine:
             "near_duplicates": near,
             "total_tokens": sum(s["tokens"] for s in saved),
         }
+
+    def _auto_episode(self, item: MemoryInput, key: str) -> str | None:
+        mode = self.config.auto_episode
+        return key if mode == "all" or (mode == "turns" and item.speaker) else None
 
     @staticmethod
     def _vec0_nearest(conn, session: str, vector: np.ndarray) -> tuple[int, float] | None:
@@ -267,7 +303,8 @@ class MemoryEngine:
 
     def recall(self, query: str, *, session_id: str | None = None, max_tokens: int | None = None, top_k: int | None = None,
                tags: Sequence[str] | None = None, offset: int = 0, dense_weight: float | None = None,
-               rrf_k: float | None = None, candidates: int | None = None) -> dict:
+               rrf_k: float | None = None, candidates: int | None = None, episode_weight: float | None = None,
+               neighbour_weight: float | None = None, speaker_boost: float | None = None) -> dict:
         started = time.perf_counter()
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query must be non-empty text: say what you want to remember.")
@@ -279,6 +316,9 @@ class MemoryEngine:
         _check_int(offset, "offset", 0, MAX_OFFSET)
         weight = _check_number(self.config.recall_dense_weight if dense_weight is None else dense_weight, "dense_weight", 0.0, 1.0)
         k = _check_number(self.config.recall_rrf_k if rrf_k is None else rrf_k, "rrf_k", 0.0, 1e6)
+        episode_weight = _check_number(self.config.recall_episode_weight if episode_weight is None else episode_weight, "episode_weight", 0.0, 10.0)
+        neighbour_weight = _check_number(self.config.recall_neighbour_weight if neighbour_weight is None else neighbour_weight, "neighbour_weight", 0.0, 1.0)
+        speaker_boost = _check_number(self.config.recall_speaker_boost if speaker_boost is None else speaker_boost, "speaker_boost", 0.0, 10.0)
         depth = max(_check_int(self.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000), offset + top_k)
         session = _check_session(session_id)
         tag_list = _normalise_tags([] if tags is None else tags, "tags")
@@ -291,6 +331,8 @@ class MemoryEngine:
         bm25_hits = self._bm25(query, session, tag_list, depth) if weight < 1.0 else []
         dense_hits = self._dense(query, session, tag_list, depth, vector=vector.result()) if vector else []
         ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
+        if ranked and (episode_weight or neighbour_weight or speaker_boost):
+            ranked = self._conversation_rerank(query, session, ranked, dense_hits, episode_weight, neighbour_weight, speaker_boost)
         window = ranked[offset:]
         rows = self._rows([c.id for c in window])
         window = [c for c in window if c.id in rows]
@@ -318,6 +360,19 @@ class MemoryEngine:
             "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
         }
 
+    def _conversation_rerank(self, query: str, session: str | None, ranked: list, dense_hits: list, episode_weight: float,
+                             neighbour_weight: float, speaker_boost: float) -> list:
+        info = {r[0]: (r[1], r[2]) for r in self.store.read(
+            "SELECT id, episode_id, speaker FROM memories WHERE id IN (SELECT value FROM json_each(?)) "
+            "AND (episode_id IS NOT NULL OR speaker IS NOT NULL)", (json.dumps([c.id for c in ranked]),))}
+        if not info:  # no conversation turns among the candidates: nothing to re-score
+            return ranked
+        has_episodes = any(e is not None for e, _ in info.values())
+        episode_hits = conversation.episode_bm25(self.store, query, session) if episode_weight and has_episodes else []
+        return conversation.rerank(ranked, info, query=query, episode_hits=episode_hits, dense_hits=dense_hits,
+                                   episode_weight=episode_weight if has_episodes else 0.0,
+                                   neighbour_weight=neighbour_weight if has_episodes else 0.0, speaker_boost=speaker_boost)
+
     def _tag_filter_sql(self, tags: list[str], column: str) -> tuple[str, list]:
         if not tags:
             return "", []
@@ -332,10 +387,10 @@ class MemoryEngine:
             session = None  # the only session: filtering by it changes nothing, and the join costs ~25%
         if session is None:
             # Every FTS row is a memory (triggers), so no join is needed to read ids.
-            sql, params, id_column = ("SELECT rowid, -bm25(memories_fts, 1.0, 0.5) AS score FROM memories_fts "
+            sql, params, id_column = ("SELECT rowid, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score FROM memories_fts "
                                       "WHERE memories_fts MATCH ?"), [match], "rowid"
         else:
-            sql, params, id_column = ("SELECT m.id, -bm25(memories_fts, 1.0, 0.5) AS score FROM memories_fts "
+            sql, params, id_column = ("SELECT m.id, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score FROM memories_fts "
                                       "JOIN memories m ON m.id = memories_fts.rowid WHERE memories_fts MATCH ? "
                                       "AND m.session_id = ?"), [match, session], "m.id"
         tag_sql, tag_params = self._tag_filter_sql(tags, id_column)
@@ -397,8 +452,11 @@ class MemoryEngine:
             "tags": current["tags"] if tags is None else tags,
             "metadata": current["metadata"] if metadata is None else metadata,
         }])[0]
-        vector = self.embedder.embed_documents([new.content])[0] if new.content != current["content"] else None
-        tokens = self.tokens.count(new.content)
+        # Who said it, when, and what was shared stay; only the words change.
+        facts = (current["speaker"], current["occurred_at"], current["attachments"])
+        indexed = conversation.embedding_text(new.content, *facts)
+        vector = self.embedder.embed_documents([indexed])[0] if new.content != current["content"] else None
+        tokens = self.tokens.count(conversation.display_text(new.content, facts[0], facts[2]))
         with self.index.write() as conn:
             row = conn.execute("SELECT version, content, tags, metadata, updated_at, created_at, session_id FROM memories WHERE id = ?", (memory_id,)).fetchone()
             if row is None:
@@ -411,8 +469,9 @@ class MemoryEngine:
             conn.execute(
                 "UPDATE memories SET content = ?, tags = ?, metadata = ?, content_hash = ?, tokens = ?, updated_at = ?, version = ? WHERE id = ?",
                 (new.content, json.dumps(new.tags, ensure_ascii=False), json.dumps(new.metadata, ensure_ascii=False),
-                 _content_hash(new.content), tokens, stamp, row[0] + 1, memory_id),
+                 _content_hash(indexed), tokens, stamp, row[0] + 1, memory_id),
             )
+            conversation.index_episodes(conn, [e for (e,) in conn.execute("SELECT episode_id FROM memories WHERE id = ? AND episode_id IS NOT NULL", (memory_id,))])
             conn.execute("DELETE FROM memory_tags WHERE memory_id = ?", (memory_id,))
             conn.executemany("INSERT INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(memory_id, t) for t in new.tags])
             if vector is not None:
@@ -423,7 +482,7 @@ class MemoryEngine:
     def delete(self, memory_id: int) -> dict:
         memory_id = _check_id(memory_id)
         with self.index.write() as conn:
-            row = conn.execute("SELECT session_id FROM memories WHERE id = ?", (memory_id,)).fetchone()
+            row = conn.execute("SELECT session_id, episode_id FROM memories WHERE id = ?", (memory_id,)).fetchone()
             if row is None:
                 raise MemoryNotFoundError(f"No memory with id {memory_id}; nothing was deleted.")
             conn.execute("DELETE FROM memory_vectors WHERE memory_id = ?", (memory_id,))
@@ -431,6 +490,8 @@ class MemoryEngine:
             conn.execute("DELETE FROM memory_tags WHERE memory_id = ?", (memory_id,))
             conn.execute("DELETE FROM memory_versions WHERE memory_id = ?", (memory_id,))
             conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
+            if row[1] is not None:
+                conversation.index_episodes(conn, [row[1]])
         return {"id": memory_id, "deleted": True}
 
     def sessions(self) -> list[dict]:
@@ -494,9 +555,13 @@ def close_engines() -> None:
         _engines.clear()
 
 
-def save_memories(memories, *, session_id: str | None = None, config: TinyContextConfig | None = None) -> dict:
-    """Save memories (MemoryInput, dicts or strings) into a session ('default' when None)."""
-    return get_engine(config).save(memories, session_id=session_id)
+def save_memories(memories, *, session_id: str | None = None, episode: str | None = None,
+                  config: TinyContextConfig | None = None) -> dict:
+    """Save memories (MemoryInput, dicts or strings) into a session ('default' when None).
+
+    To save a conversation, save each chat session in one call, a turn per memory with its
+    ``speaker``, ``occurred_at`` and ``attachments``; the call's turns form one episode."""
+    return get_engine(config).save(memories, session_id=session_id, episode=episode)
 
 
 def recall_memories(query: str, *, session_id: str | None = None, max_tokens: int | None = None, top_k: int | None = None,
