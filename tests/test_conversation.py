@@ -209,3 +209,70 @@ def test_migration_v2_to_v3_keeps_everything(config):
         eng.store.migrate()
         assert eng.store.read("SELECT count(*) FROM memories")[0][0] == 3
         assert eng.store.read("SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'ficus'")[0][0] == 1
+
+
+# -- interfaces ---------------------------------------------------------------------------------------
+
+def test_mcp_save_and_recall_a_conversation(tmp_path):
+    import anyio
+    from mcp.shared.memory import create_connected_server_and_client_session
+
+    from tinycontext import TinyContextConfig, close_engines
+    from tinycontext.servers.mcp_server import build_server
+
+    server = build_server(TinyContextConfig(memory_db_path=tmp_path / "memory.db", models_dir=tmp_path / "models"))
+
+    async def scenario():
+        async with create_connected_server_and_client_session(server) as client:
+            saved = await client.call_tool("save_memories", {"memories": CHAT_1, "session_id": "chat"})
+            assert not saved.isError, saved.content[0].text
+            bad = await client.call_tool("save_memories", {"memories": [{"content": "x", "occurred_at": "someday"}]})
+            assert bad.isError and bad.content[0].text.startswith("invalid_input: ")
+            result = await client.call_tool("recall_memories", {"query": "beagle park dog", "session_id": "chat", "top_k": 1})
+            line = result.content[0].text.splitlines()[0]
+            assert line.startswith("- Ana: A beagle, she loves the park. [shares a photo of a small dog on grass] (2023-05-08; id ")
+            item = result.structuredContent["memories"][0]
+            assert (item["speaker"], item["attachments"], item["date"]) == ("Ana", ["a photo of a small dog on grass"], "2023-05-08")
+            full = await client.call_tool("recall_memories", {"query": "beagle", "session_id": "chat", "top_k": 1, "detail": "full"})
+            assert full.structuredContent["memories"][0]["occurred_at"] == "2023-05-08T13:58"
+
+    try:
+        anyio.run(scenario)
+    finally:
+        close_engines()
+
+
+def test_cli_save_turn_flags(env, capsys):
+    from tinycontext.cli import main
+
+    assert main(["save", "I moved to Lisbon.", "--speaker", "Ana", "--occurred-at", "2024-03-01", "--episode", "t1",
+                 "--attachment", "a photo of a tram", "--session", "chat"]) == 0
+    capsys.readouterr()
+    assert main(["recall", "Lisbon tram", "--session", "chat", "--json"]) == 0
+    item = json.loads(capsys.readouterr().out)["memories"][0]
+    assert (item["speaker"], item["date"], item["attachments"]) == ("Ana", "2024-03-01", ["a photo of a tram"])
+    assert main(["get", str(item["id"]), "--json"]) == 0
+    memory = json.loads(capsys.readouterr().out)
+    assert (memory["occurred_at"], memory["episode"]) == ("2024-03-01", "t1")
+    assert main(["save", "x", "--occurred-at", "March"]) == 1
+    assert capsys.readouterr().err.startswith("invalid_input: ")
+
+
+def test_export_import_keeps_turn_fields(tmp_path):
+    from tinycontext import TinyContextConfig
+    from tinycontext.transfer import import_jsonl, iter_export
+
+    source = TinyContextConfig(memory_db_path=tmp_path / "a.db", models_dir=tmp_path / "models")
+    target = TinyContextConfig(memory_db_path=tmp_path / "b.db", models_dir=tmp_path / "models")
+    with MemoryEngine(source, embedder=HashEmbedder()) as a:
+        ids = a.save(CHAT_1, session_id="chat")["ids"] + a.save(["plain note"], session_id="chat")["ids"]
+        lines = [json.dumps(r) for r in iter_export(a)]
+        before = [a.get(i, history=False) for i in ids]
+    for _ in range(2):  # the second import changes nothing
+        with MemoryEngine(target, embedder=HashEmbedder()) as b:
+            import_jsonl(b, lines)
+            after = [b.get(i, history=False) for i in ids]
+            assert after == before
+            assert b.store.read("SELECT count(*) FROM memories")[0][0] == 4
+            assert b.store.read("SELECT count(*) FROM episodes_fts WHERE episodes_fts MATCH 'beagle'")[0][0] == 1
+            assert [m["id"] for m in b.recall("photo grass", dense_weight=0.0, top_k=1)["memories"]] == [ids[2]]

@@ -14,6 +14,7 @@ import time
 import unicodedata
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -62,10 +63,10 @@ class MemoryInput(BaseModel):
     content: str
     tags: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
-    occurred_at: Any = None
-    speaker: str | None = None
-    attachments: list[str] = Field(default_factory=list)
-    episode: str | None = None
+    occurred_at: str | datetime | date | None = Field(None, description="When it happened (ISO 8601: 2023-05-08 or 2023-05-08T13:56).")
+    speaker: str | None = Field(None, description="Who said it (a conversation turn).")
+    attachments: list[str] = Field(default_factory=list, description="Text descriptions of what was shared with it, e.g. an image caption.")
+    episode: str | None = Field(None, description="Episode key (chat session, thread); one save call's turns form one by default.")
 
 
 def _depth(value: Any, level: int = 0) -> int:
