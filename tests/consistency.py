@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 
+from tinycontext.conversation import embedding_text
+
 
 def assert_consistent(engine) -> dict[int, str]:
     """Every memory's FTS entry, tag rows and vector agree with its text; returns {id: content}.
@@ -15,12 +17,12 @@ def assert_consistent(engine) -> dict[int, str]:
     read = engine.store.read
     assert read("PRAGMA integrity_check")[0][0] == "ok"
     read("INSERT INTO memories_fts(memories_fts, rank) VALUES ('integrity-check', 1)")
-    rows = read("SELECT id, session_id, content, tags FROM memories ORDER BY id")
+    rows = read("SELECT id, session_id, content, tags, speaker, occurred_at, attachments FROM memories ORDER BY id")
     contents = {r[0]: r[2] for r in rows}
     vectors = {mid: np.frombuffer(blob, dtype=np.float32) for mid, blob in read("SELECT memory_id, embedding FROM memory_vectors")}
     assert set(vectors) == set(contents), "a memory without a vector, or a vector without a memory"
     if rows:
-        expected = engine.embedder.embed_documents([r[2] for r in rows])
+        expected = engine.embedder.embed_documents([embedding_text(r[2], r[4], r[5], json.loads(r[6])) for r in rows])
         for r, want in zip(rows, expected):
             assert np.allclose(vectors[r[0]], want, atol=1e-5), f"memory {r[0]}'s vector does not embed its text {r[2]!r}"
     tag_rows: dict[int, set] = {}
