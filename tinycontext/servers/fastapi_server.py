@@ -24,6 +24,7 @@ from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import TinyContextError
 from ..filters import FilterSpec
 from ..render import MIN_AGENT_TOKENS, Detail
+from ..web.browser.tools import router as browser_router
 from .guard import ServeSettings, protect
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ STATUS = {
     "session_not_found": 404, "memory_not_found": 404, "conflict": 409,
     # The server cannot work until its operator fixes the model, config or disk: not the client's fault.
     "model_unavailable": 503, "model_mismatch": 503, "config_error": 503, "storage_error": 503, "missing_extra": 503,
+    "blocked": 403, "browser_busy": 503, "browser_error": 502,
 }
 HTTP_CODES = {400: "invalid_input", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
@@ -250,6 +252,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     def get_memory(body: IdRequest) -> dict:
         return engines().get(body.id)
 
+    app.include_router(browser_router(config))
     return app
 
 
