@@ -14,6 +14,7 @@ from .engine import (
 )
 from .errors import (
     ConfigError,
+    ConflictError,
     EmptyMemoryError,
     InvalidInputError,
     MemoryNotFoundError,
@@ -33,6 +34,6 @@ __all__ = [
     "TinyContextConfig", "load_config", "MemoryEngine", "MemoryInput", "save_memories", "recall_memories",
     "update_memory", "delete_memory", "get_memory", "close_engines",
     "TinyContextError", "InvalidInputError", "EmptyMemoryError", "RecallBudgetError", "SessionNotFoundError",
-    "MemoryNotFoundError", "ModelMismatchError", "ModelUnavailableError", "ConfigError", "StorageError",
+    "MemoryNotFoundError", "ModelMismatchError", "ModelUnavailableError", "ConfigError", "ConflictError", "StorageError",
     "MissingExtraError", "Embedder", "resolve_model", "__version__",
 ]
