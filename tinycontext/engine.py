@@ -29,7 +29,8 @@ from .errors import (
     RecallBudgetError,
     SessionNotFoundError,
 )
-from .filters import Filters, parse_filters
+from . import browse
+from .filters import Filters, expiry, parse_filters
 from .model_hub import resolve_model
 from .render import Page, check_agent_budget, check_detail, recall_page
 from .retrieval import fts_query, fuse
@@ -56,6 +57,8 @@ class MemoryInput(BaseModel):
     content: str
     tags: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    expires_at: str | None = Field(None, description="ISO 8601 time after which the memory is deleted (optional).")
+    ttl_seconds: int | None = Field(None, description="Delete the memory this many seconds after saving (optional).")
 
 
 def _depth(value: Any, level: int = 0) -> int:
@@ -198,7 +201,8 @@ class MemoryEngine:
             _clean_text(meta_json, f"{where}.metadata")
             if too_deep or len(meta_json.encode("utf-8")) > MAX_METADATA_BYTES:
                 raise InvalidInputError(f"{where}.metadata is too large (max {MAX_METADATA_BYTES} bytes, depth {MAX_METADATA_DEPTH}).", index=i)
-            out.append(MemoryInput(content=content, tags=_normalise_tags(item.tags, where), metadata=item.metadata))
+            out.append(MemoryInput(content=content, tags=_normalise_tags(item.tags, where), metadata=item.metadata,
+                                   expires_at=expiry(item.expires_at, item.ttl_seconds, where)))
         return out
 
     def save(self, memories, *, session_id: str | None = None) -> dict:
@@ -234,10 +238,10 @@ class MemoryEngine:
                         continue
                     near.append(report)
                 cursor = conn.execute(
-                    "INSERT INTO memories(session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)",
+                    "INSERT INTO memories(session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
+                    " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?)",
                     (session, item.content, json.dumps(item.tags, ensure_ascii=False), json.dumps(item.metadata, ensure_ascii=False),
-                     digest, tokens[i], created, created),
+                     digest, tokens[i], created, created, item.expires_at),
                 )
                 mid = cursor.lastrowid
                 conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(mid, t) for t in item.tags])
@@ -323,6 +327,7 @@ class MemoryEngine:
         session = _check_session(session_id)
         tag_list = _normalise_tags([] if tags is None else tags, "tags")
         filters = parse_filters(filters)
+        browse.purge_expired(self)
         if session is not None and not self.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
             raise SessionNotFoundError(f"No session {session!r}. Save memories into it first, or recall without session_id to search all sessions.")
 
@@ -465,6 +470,19 @@ class MemoryEngine:
             conn.execute("DELETE FROM memory_versions WHERE memory_id = ?", (memory_id,))
             conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
         return {"id": memory_id, "deleted": True}
+
+    # -- browsing and housekeeping (tinycontext/browse.py) -------------------------------------------
+
+    def list_memories(self, **options) -> Page:
+        """A budgeted page of memories; see :func:`tinycontext.browse.list_memories`."""
+        return browse.list_memories(self, **options)
+
+    def list_sessions(self) -> dict:
+        return browse.list_sessions(self)
+
+    def delete_memories(self, **options) -> dict:
+        """Bulk delete by session/tags/filters after a dry run; see :func:`tinycontext.browse.delete_memories`."""
+        return browse.delete_memories(self, **options)
 
     def sessions(self) -> list[dict]:
         rows = self.store.read(

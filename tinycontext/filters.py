@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +31,7 @@ from .errors import InvalidInputError
 MAX_FILTER_VALUES = 64
 MAX_METADATA_KEYS = 16
 MAX_VALUE_CHARS = 1000
+MAX_TTL_SECONDS = 100 * 366 * 86400
 TIME_FIELDS = ("created_at", "updated_at")
 TIME_OPERATORS = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 _KEY = re.compile(r"^[\w.\-]{1,100}$", re.UNICODE)
@@ -51,6 +52,17 @@ def parse_time(value: Any, where: str) -> str:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
+def expiry(expires_at: Any, ttl_seconds: Any, where: str) -> str | None:
+    """A memory's expiry as stored UTC text, from an ISO time or a TTL in seconds (not both)."""
+    if expires_at is not None and ttl_seconds is not None:
+        raise InvalidInputError(f"{where}: give expires_at or ttl_seconds, not both.")
+    if ttl_seconds is not None:
+        if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or not 1 <= ttl_seconds <= MAX_TTL_SECONDS:
+            raise InvalidInputError(f"{where}.ttl_seconds must be an integer from 1 to {MAX_TTL_SECONDS}, got {ttl_seconds!r}.")
+        return (datetime.now(timezone.utc) + timedelta(seconds=ttl_seconds)).isoformat(timespec="microseconds")
+    return None if expires_at is None else parse_time(expires_at, f"{where}.expires_at")
 
 
 def _tag_list(value: Any, where: str) -> list[str]:

@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ModelMismatchError, StorageError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 10_000
 
 
@@ -106,6 +106,13 @@ MIGRATIONS: dict[int, str] = {
         CREATE INDEX memory_tags_memory ON memory_tags(memory_id);
         INSERT OR IGNORE INTO memory_tags(memory_id, tag)
             SELECT memories.id, json_each.value FROM memories, json_each(memories.tags);
+    """,
+    # v3: optional expiry (recall and listing delete expired memories first), and an index for
+    # created_at range filters.
+    3: """
+        ALTER TABLE memories ADD COLUMN expires_at TEXT;
+        CREATE INDEX memories_expires ON memories(expires_at) WHERE expires_at IS NOT NULL;
+        CREATE INDEX memories_created ON memories(created_at);
     """,
 }
 

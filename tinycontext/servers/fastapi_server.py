@@ -24,6 +24,7 @@ from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import TinyContextError
 from ..filters import FilterSpec
 from ..render import MIN_AGENT_TOKENS, Detail
+from . import browse
 from .http import CORS_HEADERS, Guard, ServeSettings
 
 log = logging.getLogger(__name__)
@@ -253,6 +254,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     def get_memory(body: IdRequest) -> dict:
         return engines().get(body.id)
 
+    app.include_router(browse.router(engines))
     return app
 
 

@@ -25,6 +25,7 @@ from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import InvalidInputError, TinyContextError
 from ..filters import FilterSpec
 from ..render import DETAILS, MIN_AGENT_TOKENS, Page, memory_block
+from . import browse
 
 log = logging.getLogger(__name__)
 
@@ -189,4 +190,5 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
     async def get_memory(id: MemoryId) -> CallToolResult:
         return await answer(lambda engine: engine.get(id), memory_block)
 
+    browse.register(server, config)
     return server
