@@ -25,7 +25,7 @@ from ..errors import TinyContextError
 from ..filters import FilterSpec
 from ..render import MIN_AGENT_TOKENS, Detail
 from . import browse
-from .http import CORS_HEADERS, Guard, ServeSettings
+from .guard import ServeSettings, protect
 
 log = logging.getLogger(__name__)
 
@@ -201,12 +201,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     engines = _Engines(config, engine)
     app = FastAPI(title="TinyContext", version=__version__, responses=ERRORS,
                   description="Token-light local memory for AI agents: the MCP tools over REST.")
-    app.add_middleware(Guard, token=settings.token, max_body_bytes=settings.max_body_bytes)
-    if settings.cors_origins:
-        from starlette.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=CORS_HEADERS)
+    protect(app, settings)
 
     @app.exception_handler(TinyContextError)
     async def engine_error(_request: Request, err: TinyContextError) -> JSONResponse:
