@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
+from . import conversation
 from .errors import InvalidInputError, SessionNotFoundError
 from .filters import parse_filters
 from .render import Detail, Page, check_agent_budget, check_detail, fit_page, memory_item, memory_line
@@ -62,7 +63,7 @@ def purge_expired(engine: "MemoryEngine") -> int:
 
 def _delete_where(engine: "MemoryEngine", condition: str, params: list, expected: int | None = None) -> int:
     with engine.index.write() as conn:
-        rows = conn.execute(f"SELECT id, session_id FROM memories WHERE {condition}", params).fetchall()
+        rows = conn.execute(f"SELECT id, session_id, episode_id FROM memories WHERE {condition}", params).fetchall()
         if expected is not None and len(rows) != expected:
             raise InvalidInputError(f"The filter now matches {len(rows)} memories, not the {expected} you confirmed; "
                                     "nothing was deleted. Run the dry run again and confirm the new count.")
@@ -74,8 +75,9 @@ def _delete_where(engine: "MemoryEngine", condition: str, params: list, expected
             conn.execute(f"DELETE FROM memory_tags WHERE memory_id IN ({marks})", chunk)
             conn.execute(f"DELETE FROM memory_versions WHERE memory_id IN ({marks})", chunk)
             conn.execute(f"DELETE FROM memories WHERE id IN ({marks})", chunk)
-        for memory_id, session in rows:
+        for memory_id, session, _ in rows:
             engine.index.remove(session, memory_id)
+        conversation.index_episodes(conn, [r[2] for r in rows if r[2] is not None])
     return len(rows)
 
 

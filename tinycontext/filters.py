@@ -6,7 +6,8 @@ A filter is a JSON object; every key it has must hold, so keys combine with AND:
      "tags_all": ["python", "tooling"],       # every one of these tags
      "metadata": {"source": "chat", "n": 3},  # metadata key equals value (string, number, bool, null)
      "created_at": {"gte": "2025-01-01", "lt": "2025-02-01T12:00:00+02:00"},
-     "updated_at": {"gt": "2025-03-01"}}
+     "updated_at": {"gt": "2025-03-01"},
+     "occurred_at": {"gte": "2023-05-01", "lt": "2023-06-01"}}
 
 Time operators are ``gt``, ``gte``, ``lt``, ``lte``; times are ISO 8601 dates or datetimes (naive ones
 are UTC). :meth:`Filters.sql` renders the filter as one SQL condition on a memory id, so the engine
@@ -32,7 +33,7 @@ MAX_FILTER_VALUES = 64
 MAX_METADATA_KEYS = 16
 MAX_VALUE_CHARS = 1000
 MAX_TTL_SECONDS = 100 * 366 * 86400
-TIME_FIELDS = ("created_at", "updated_at")
+TIME_FIELDS = ("created_at", "updated_at", "occurred_at")
 TIME_OPERATORS = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 _KEY = re.compile(r"^[\w.\-]{1,100}$", re.UNICODE)
 # Stored timestamps are UTC ISO strings with microseconds (store.now_iso), so they compare as text.
@@ -100,6 +101,17 @@ def _metadata(value: Any) -> dict[str, Any]:
     return out
 
 
+def _bound(name: str, moment: Any, where: str) -> str:
+    if name == "occurred_at":
+        # Stored at the caller's precision (conversation.parse_occurred_at): compare in that same form.
+        from .conversation import parse_occurred_at
+
+        if not isinstance(moment, str):
+            raise InvalidInputError(f"{where} must be an ISO 8601 date or datetime string, got {str(moment)[:40]!r}.")
+        return parse_occurred_at(moment, where)
+    return parse_time(moment, where)
+
+
 def _range(value: Any, name: str) -> dict[str, str]:
     if not isinstance(value, Mapping) or not value:
         raise InvalidInputError(f"filters.{name} must be an object like {{\"gte\": \"2025-01-01\", \"lt\": \"2025-02-01\"}}.")
@@ -109,7 +121,7 @@ def _range(value: Any, name: str) -> dict[str, str]:
             continue
         if op not in TIME_OPERATORS:
             raise InvalidInputError(f"filters.{name}: unknown operator {str(op)[:20]!r}; use {', '.join(TIME_OPERATORS)}.")
-        out[op] = parse_time(moment, f"filters.{name}.{op}")
+        out[op] = _bound(name, moment, f"filters.{name}.{op}")
     return out
 
 
@@ -195,6 +207,7 @@ class FilterSpec(BaseModel):
         None, description='Metadata equality, e.g. {"source": "chat"}; a dotted key reaches into nested objects.')
     created_at: TimeRange | None = Field(None, description='Saved within, e.g. {"gte": "2025-01-01", "lt": "2025-02-01"}.')
     updated_at: TimeRange | None = Field(None, description="Last changed within.")
+    occurred_at: TimeRange | None = Field(None, description="Happened within (compared at the precision it was saved with).")
 
 
 def parse_filters(raw: Mapping | FilterSpec | Filters | str | None, *, time_fields: tuple[str, ...] = TIME_FIELDS) -> Filters:

@@ -44,8 +44,9 @@ class _Request(BaseModel):
 
 
 class SaveRequest(_Request):
-    memories: list[MemoryInput] = Field(description="Memories to save: {content, tags?, metadata?} each (batch limit: max_batch_size).")
+    memories: list[MemoryInput] = Field(description="Memories to save: {content, tags?, metadata?, speaker?, occurred_at?, attachments?, episode?} each (batch limit: max_batch_size).")
     session_id: str | None = Field(None, description="Session to save into; 'default' when omitted.")
+    episode: str | None = Field(None, description="Episode key for memories that name none; one call's turns form one by default.")
 
 
 class RecallRequest(_Request):
@@ -228,7 +229,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
 
     @app.post("/save_memories", response_model=SaveResponse, summary="Save memories into a session")
     def save_memories(body: SaveRequest) -> dict:
-        return engines().save(body.memories, session_id=body.session_id)
+        return engines().save(body.memories, session_id=body.session_id, episode=body.episode)
 
     @app.post("/recall_memories", response_model=RecallResponse, summary="Recall the most relevant memories within a token budget")
     def recall_memories(body: RecallRequest) -> JSONResponse:
