@@ -45,6 +45,8 @@ class TinyContextConfig(BaseModel):
     embedding_model: str = "fast"
     embedding_batch_size: int = Field(32, ge=1, le=1024)
     embedding_cache_size: int = Field(4096, ge=0)
+    # Threads embedding batches in parallel, one ONNX thread each (0: one per CPU).
+    embedding_threads: int = Field(0, ge=0, le=256)
     recall_top_k: int = Field(10, ge=1, le=1000)
     recall_max_tokens: int = Field(2000, ge=1, le=1_000_000)
     recall_candidates: int = Field(100, ge=1, le=10_000)

@@ -133,6 +133,7 @@ class MemoryEngine:
                 cache_size=self.config.embedding_cache_size,
                 query_prefix=self.config.dense_query_prefix,
                 document_prefix=self.config.dense_document_prefix,
+                threads=self.config.embedding_threads,
             )
         self.embedder = embedder
         self.tokens = TokenCounter(self.config.encoding_name)
