@@ -58,14 +58,17 @@ class TinyContextConfig(BaseModel):
     dense_document_prefix: str = ""
     # Cosine similarity at or above which a new memory is reported as a near-duplicate.
     dedup_threshold: float = Field(0.95, gt=0.0, le=1.0)
-    # "report": save and report near-duplicates; "skip": do not save them.
-    dedup_mode: Literal["report", "skip"] = "report"
+    # "report": save and report near-duplicates; "skip": do not save them; "off": no near-duplicate
+    # check (bulk loads into huge sessions: the check scans the session once per new memory).
+    dedup_mode: Literal["report", "skip", "off"] = "report"
     # "error": refuse a DB built by another embedder; "auto": re-embed everything on open.
     reindex: Literal["error", "auto"] = "error"
     max_content_chars: int = Field(100_000, ge=1)
     max_batch_size: int = Field(1000, ge=1)
     # Vectors held in RAM for fast exact dense search (0: always query sqlite-vec); bigger sessions use sqlite-vec.
     vector_cache_max: int = Field(200_000, ge=0)
+    # Bigger sessions are held quantised (~440 bytes a vector, exact scores after rescoring) up to this many vectors.
+    vector_quantized_max: int = Field(2_000_000, ge=0)
 
     @field_validator("memory_db_path", "models_dir", mode="after")
     @classmethod
