@@ -22,7 +22,10 @@ from .. import __version__
 from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import TinyContextError
-from .http import CORS_HEADERS, Guard, ServeSettings
+from ..filters import FilterSpec
+from ..render import MIN_AGENT_TOKENS, Detail
+from ..web.browser.tools import router as browser_router
+from .guard import ServeSettings, protect
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,7 @@ STATUS = {
     "session_not_found": 404, "memory_not_found": 404,
     # The server cannot work until its operator fixes the model, config or disk: not the client's fault.
     "model_unavailable": 503, "model_mismatch": 503, "config_error": 503, "storage_error": 503, "missing_extra": 503,
+    "blocked": 403, "browser_busy": 503, "browser_error": 502,
 }
 HTTP_CODES = {400: "invalid_input", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
@@ -41,17 +45,20 @@ class _Request(BaseModel):
 
 
 class SaveRequest(_Request):
-    memories: list[MemoryInput] = Field(description="Memories to save: {content, tags?, metadata?} each (batch limit: max_batch_size).")
+    memories: list[MemoryInput] = Field(description="Memories to save: {content, tags?, metadata?, speaker?, occurred_at?, attachments?, episode?} each (batch limit: max_batch_size).")
     session_id: str | None = Field(None, description="Session to save into; 'default' when omitted.")
+    episode: str | None = Field(None, description="Episode key for memories that name none; one call's turns form one by default.")
 
 
 class RecallRequest(_Request):
     query: str = Field(description="What to remember: a question or keywords.")
     session_id: str | None = Field(None, description="Search only this session; omit to search all.")
-    max_tokens: int | None = Field(None, description="Token budget for the memories returned (1-1000000).")
+    max_tokens: int | None = Field(None, description=f"Token budget for the whole response body ({MIN_AGENT_TOKENS}-1000000).")
     top_k: int | None = Field(None, description="At most this many memories (1-1000).")
     tags: list[str] | None = Field(None, description="Keep only memories with any of these tags.")
     offset: int = Field(0, description="Skip this many ranked results (paging).")
+    filters: FilterSpec | None = Field(None, description="tags_any, tags_all, metadata equality, created_at/updated_at ranges.")
+    detail: Detail = Field("compact", description="compact: id, rank, content, tags, date; full: every field and the scores.")
 
 
 class IdRequest(_Request):
@@ -97,28 +104,33 @@ class Scores(BaseModel):
     dense: float | None
 
 
-class RecalledMemory(Memory):
-    rank: int
-    scores: Scores
+class RecalledMemory(BaseModel):
+    """compact: id, rank, content, tags (when any), date; full adds the other Memory fields and scores."""
 
-
-class Omitted(BaseModel):
     id: int
     rank: int
-    tokens: int
+    content: str
+    tags: list[str] | None = None
+    date: str | None = None
+    session_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    tokens: int | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+    version: int | None = None
+    scores: Scores | None = None
 
 
 class RecallResponse(BaseModel):
-    query: str
-    session_id: str | None
+    """The body is the structured answer as counted: its compact JSON is at most max_tokens."""
+
     memories: list[RecalledMemory]
-    total_tokens: int
+    total_tokens: int = Field(description="Tokens of the answer's text rendering (what a model reads).")
     max_tokens: int
     truncated: bool
-    omitted: list[Omitted]
     next_offset: int | None
-    candidates: int
-    elapsed_ms: float
+    omitted: int | None = Field(None, description="Matches inside this page that did not fit max_tokens.")
+    needed_tokens: int | None = Field(None, description="When nothing fits: the smallest max_tokens that shows the best match.")
 
 
 class Version(BaseModel):
@@ -191,12 +203,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     engines = _Engines(config, engine)
     app = FastAPI(title="TinyContext", version=__version__, responses=ERRORS,
                   description="Token-light local memory for AI agents: the MCP tools over REST.")
-    app.add_middleware(Guard, token=settings.token, max_body_bytes=settings.max_body_bytes)
-    if settings.cors_origins:
-        from starlette.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=CORS_HEADERS)
+    protect(app, settings)
 
     @app.exception_handler(TinyContextError)
     async def engine_error(_request: Request, err: TinyContextError) -> JSONResponse:
@@ -223,12 +230,14 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
 
     @app.post("/save_memories", response_model=SaveResponse, summary="Save memories into a session")
     def save_memories(body: SaveRequest) -> dict:
-        return engines().save(body.memories, session_id=body.session_id)
+        return engines().save(body.memories, session_id=body.session_id, episode=body.episode)
 
     @app.post("/recall_memories", response_model=RecallResponse, summary="Recall the most relevant memories within a token budget")
-    def recall_memories(body: RecallRequest) -> dict:
-        return engines().recall(body.query, session_id=body.session_id, max_tokens=body.max_tokens, top_k=body.top_k,
-                                tags=body.tags, offset=body.offset)
+    def recall_memories(body: RecallRequest) -> JSONResponse:
+        # Sent as built: the body is exactly the JSON the budget counted (no model re-serialization).
+        page = engines().recall_rendered(body.query, session_id=body.session_id, max_tokens=body.max_tokens, top_k=body.top_k,
+                                         tags=body.tags, offset=body.offset, detail=body.detail, filters=body.filters)
+        return JSONResponse(page.structured)
 
     @app.post("/update_memory", response_model=MemoryWithHistory, summary="Replace a memory's content, tags or metadata")
     def update_memory(body: UpdateRequest) -> dict:
@@ -242,6 +251,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     def get_memory(body: IdRequest) -> dict:
         return engines().get(body.id)
 
+    app.include_router(browser_router(config))
     return app
 
 
