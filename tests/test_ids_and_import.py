@@ -71,7 +71,7 @@ def test_migration_keeps_every_id_and_ids_are_never_reused(tmp_path):
         snapshot = _snapshot(engine.store)
         # Re-running the migration changes nothing.
         with engine.store.write() as conn:
-            MIGRATIONS[4](conn)
+            MIGRATIONS[5](conn)
         engine.store.migrate()
         assert _snapshot(engine.store) == snapshot
     with MemoryEngine(_config(path), embedder=HashEmbedder()) as engine:

@@ -22,7 +22,7 @@ import numpy as np
 
 from .errors import ModelMismatchError, StorageError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 10_000
 
 
@@ -147,8 +147,15 @@ MIGRATIONS: dict[int, str] = {
         END;
         INSERT INTO memories_fts(memories_fts) VALUES ('rebuild');
     """,
-    # v4: ids are never reused (AUTOINCREMENT) and every memory has a stable uid (idempotent import).
-    4: lambda conn: _never_reuse_ids(conn),
+    # v4: optional expiry (recall and listing delete expired memories first), and an index for
+    # created_at range filters.
+    4: """
+        ALTER TABLE memories ADD COLUMN expires_at TEXT;
+        CREATE INDEX memories_expires ON memories(expires_at) WHERE expires_at IS NOT NULL;
+        CREATE INDEX memories_created ON memories(created_at);
+    """,
+    # v5: ids are never reused (AUTOINCREMENT) and every memory has a stable uid (idempotent import).
+    5: lambda conn: _never_reuse_ids(conn),
 }
 
 

@@ -175,7 +175,7 @@ def _jsonl_rows(engine: MemoryEngine, lines: Iterable[str], source: str) -> Iter
             history = record.get("history") or []
             if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
                 raise _bad(where, "history must be a list of earlier versions.")
-            memory = {k: record[k] for k in ("content", "tags", "metadata", "occurred_at", "speaker", "attachments", "episode",
+            memory = {k: record[k] for k in ("content", "tags", "metadata", "occurred_at", "speaker", "attachments", "episode", "expires_at",
                                              "updated_at", "version") if record.get(k) is not None}
             vector = _decode_vector(record.get("vector"), identity["dimensions"], where) if reuse_vectors else None
             memory.update(id=old_id, created_at=created, history=history, vector=None if vector is None else vector.tolist(),
