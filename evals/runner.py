@@ -332,6 +332,7 @@ def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = ()) -> 
     r, max_tokens = cfg.retrieval, int(cfg.budget.max_tokens)
     with computing(cache_dir):
         embedder = get_embedder(cfg.embedder, models_dir, cache_dir, base)
+        computed, hits = embedder.computed, embedder.hits  # the embedder outlives jobs: count this one's only
         db, index = ensure_index(dataset, embedder, cache_dir, index_overrides)
         with MemoryEngine(TinyContextConfig(memory_db_path=db, **engine_settings), embedder=embedder) as engine:
             rows = _quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, max_tokens)
@@ -371,7 +372,7 @@ def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = ()) -> 
                     "tune_split": dataset.tune_split, "test_split": dataset.test_split, "cross_validate": dataset.cross_validate},
         "model": {"identity": embedder.identity, "sha256": file_sha256(bundle.model_file), "path": str(bundle.path),
                   "vector_key": embedder.key},
-        "embedding_cache": {"computed": embedder.computed, "hits": embedder.hits},
+        "embedding_cache": {"computed": embedder.computed - computed, "hits": embedder.hits - hits},
         "manifest": {"git": git_state(), "code": {"engine": engine_source(), "harness": harness_source()},
                      "host": socket.gethostname(), **env},
     }
