@@ -242,12 +242,14 @@ def write_plots(rows: pd.DataFrame, out: Path, chosen: dict[str, str] | None = N
             y = group["budget_recall"]
             ax.errorbar(group["tokens_returned"], y, yerr=[y - group["budget_recall_ci_low"], group["budget_recall_ci_high"] - y],
                         marker="o", capsize=2, label=text)
-            for _, row in group.iterrows():
+            for _, row in (group.iterrows() if "max_tokens" in axes else []):  # one budget: nothing to label
                 ax.annotate(f"{int(row['max_tokens'])}", (row["tokens_returned"], row["budget_recall"]),
                             textcoords="offset points", xytext=(3, -10), fontsize=7)
         ax.axhline(part["recall@10"].max(), color="grey", linestyle=":", label="best R@10, unlimited budget")
         ax.axvline(part["tokens_naive"].mean(), color="grey", linestyle="--", label="fixed naive baseline (mean tokens)")
-        ax.set(title=f"{name}: tokens returned vs recall within the budget (labels: max_tokens)", xscale="log",
+        ax.set(title=f"{name}: tokens returned vs recall within the budget"
+               + (" (labels: max_tokens)" if "max_tokens" in axes else f" (max_tokens {int(part['max_tokens'].iloc[0])})"),
+               xscale="log",
                xlabel="tokens returned per query (mean, log scale)", ylabel="recall within budget (test split)")
         ax.grid(alpha=0.3)
         handles = ax.get_legend_handles_labels()[0]
