@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from .errors import ConfigError
 
@@ -44,6 +44,18 @@ class TinyContextConfig(BaseModel):
     models_dir: Path = Field(default_factory=default_models_dir)
     embedding_model: str = "fast"
     embedding_batch_size: int = Field(32, ge=1, le=1024)
+    # Where vectors come from (tinycontext/embedders): "onnx" (embedding_model is a bundled/hub model),
+    # "openai" (/v1/embeddings) or "ollama" (/api/embed) at embedding_url (embedding_model is the
+    # server's model name), or a registered/entry-point backend.
+    embedding_backend: str = "onnx"
+    embedding_url: str | None = None
+    embedding_api_key: SecretStr | None = None
+    # Per embedding call, retries included: a failing or hung server is model_unavailable by then.
+    embedding_timeout_s: float = Field(30.0, gt=0, le=600)
+    embedding_concurrency: int = Field(4, ge=1, le=64)
+    embedding_retries: int = Field(3, ge=0, le=10)
+    # Expected vector size from the server (optional): another size is model_mismatch.
+    embedding_dimensions: int | None = Field(None, ge=1, le=65_536)
     embedding_cache_size: int = Field(4096, ge=0)
     recall_top_k: int = Field(10, ge=1, le=1000)
     recall_max_tokens: int = Field(2000, ge=1, le=1_000_000)

@@ -21,10 +21,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import conversation
+from . import browse, conversation
 from .budget import TokenCounter, fit_budget
 from .config import TinyContextConfig
-from .embeddings import Embedder
+from .embedders import EmbedderProtocol, create_embedder
 from .errors import (
     ConflictError,
     EmptyMemoryError,
@@ -33,9 +33,7 @@ from .errors import (
     RecallBudgetError,
     SessionNotFoundError,
 )
-from . import browse
 from .filters import Filters, expiry, parse_filters
-from .model_hub import resolve_model
 from .render import Page, check_agent_budget, check_detail, recall_page
 from .retrieval import fts_query, fuse
 from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory
@@ -141,17 +139,10 @@ def _content_hash(text: str) -> str:
 class MemoryEngine:
     """An open memory database with its embedder. Thread-safe; close() when done."""
 
-    def __init__(self, config: TinyContextConfig | None = None, *, embedder: Embedder | None = None, progress: bool = False):
+    def __init__(self, config: TinyContextConfig | None = None, *, embedder: EmbedderProtocol | None = None, progress: bool = False):
         self.config = config or TinyContextConfig()
         if embedder is None:
-            bundle = resolve_model(self.config.embedding_model, self.config.models_dir)
-            embedder = Embedder(
-                bundle,
-                batch_size=self.config.embedding_batch_size,
-                cache_size=self.config.embedding_cache_size,
-                query_prefix=self.config.dense_query_prefix,
-                document_prefix=self.config.dense_document_prefix,
-            )
+            embedder = create_embedder(self.config)
         self.embedder = embedder
         self.tokens = TokenCounter(self.config.encoding_name)
         self.store = Store(self.config.memory_db_path)
