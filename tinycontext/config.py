@@ -47,7 +47,10 @@ class TinyContextConfig(BaseModel):
     # Where vectors come from (tinycontext/embedders): "onnx" (embedding_model is a bundled/hub model),
     # "openai" (/v1/embeddings) or "ollama" (/api/embed) at embedding_url (embedding_model is the
     # server's model name), or a registered/entry-point backend.
+    # "none": no model, keyword-only (BM25) search; vectors are filled in by `tinycontext reindex` later.
     embedding_backend: str = "onnx"
+    # When the model cannot be loaded: run keyword-only instead of failing with model_unavailable.
+    keyword_fallback: bool = False
     embedding_url: str | None = None
     embedding_api_key: SecretStr | None = None
     # Per embedding call, retries included: a failing or hung server is model_unavailable by then.

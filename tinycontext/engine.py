@@ -21,10 +21,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import browse, conversation
+from . import browse, conversation, keyword
 from .budget import TokenCounter, fit_budget
 from .config import TinyContextConfig
-from .embedders import EmbedderProtocol, create_embedder
+from .embedders import EmbedderProtocol
 from .errors import (
     ConflictError,
     EmptyMemoryError,
@@ -142,20 +142,35 @@ class MemoryEngine:
     def __init__(self, config: TinyContextConfig | None = None, *, embedder: EmbedderProtocol | None = None, progress: bool = False):
         self.config = config or TinyContextConfig()
         if embedder is None:
-            embedder = create_embedder(self.config)
+            # None: keyword-only (no model configured, or unavailable and keyword_fallback allows it).
+            embedder, self.keyword_reason = keyword.open_embedder(self.config)
+        else:
+            self.keyword_reason = None
         self.embedder = embedder
         self.tokens = TokenCounter(self.config.encoding_name)
         self.store = Store(self.config.memory_db_path)
         try:
-            self.reindexed = self.store.bind_embedder(
-                embedder.identity, reindex=self.config.reindex,
-                embed_all=lambda texts: embedder.embed_documents(texts, progress=True),
-            )
+            if embedder is None:
+                keyword.ensure_vector_table(self.store)
+                self.reindexed = 0
+            else:
+                self.reindexed = self.store.bind_embedder(
+                    embedder.identity, reindex=self.config.reindex,
+                    embed_all=lambda texts: embedder.embed_documents(texts, progress=True),
+                )
+                # Memories saved while no model was available get their vectors now (reindex='auto').
+                if self.config.reindex == "auto":
+                    self.reindexed += keyword.backfill(self.store, embedder)
         except BaseException:  # e.g. model_mismatch: do not leave the file open
             self.store.close()
             raise
         self.index = VectorIndex(self.store, self.config.vector_cache_max)
         self.progress = progress
+
+    @property
+    def search_mode(self) -> str:
+        """"hybrid" (BM25 + vectors) or "keyword" (BM25 only: no embedding model)."""
+        return "keyword" if self.embedder is None else "hybrid"
 
     def close(self) -> None:
         self.store.close()
@@ -225,21 +240,23 @@ class MemoryEngine:
         # The same words said by another speaker or on another day are another memory.
         hashes = [_content_hash(text) for text in indexed]
         tokens = self.tokens.count_many([conversation.display_text(m.content, m.speaker, m.attachments) for m in items])
-        vectors = self.embedder.embed_documents(indexed, progress=self.progress)
+        # Keyword-only: no vectors, so no near-duplicate check (exact duplicates are still skipped).
+        vectors = None if self.embedder is None else self.embedder.embed_documents(indexed, progress=self.progress)
         saved: list[dict] = []
         skipped: list[dict] = []
         near: list[dict] = []
-        self.index.prepare(session)
+        if vectors is not None:
+            self.index.prepare(session)
         with self.index.write() as conn:
             # All stored neighbours in one matrix product (None: session too big for the copy, ask vec0).
-            neighbours = self.index.nearest(session, vectors)
+            neighbours = None if vectors is None else self.index.nearest(session, vectors)
             created = now_iso()
             conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, created))
             batch_seen: dict[str, int] = {}
             batch_kept: list[tuple[int, np.ndarray]] = []
             episodes: dict[str, int] = {}
             auto_key = f"save-{uuid.uuid4().hex[:16]}"
-            for i, (item, digest, vector) in enumerate(zip(items, hashes, vectors)):
+            for i, (item, digest, vector) in enumerate(zip(items, hashes, [None] * len(items) if vectors is None else vectors)):
                 existing = conn.execute(
                     "SELECT id FROM memories WHERE session_id = ? AND content_hash = ? LIMIT 1", (session, digest)
                 ).fetchone()
@@ -247,7 +264,8 @@ class MemoryEngine:
                     # Same text already in this session: saving it again would only waste recall tokens.
                     skipped.append({"index": i, "reason": "duplicate", "duplicate_of": existing[0] if existing else batch_seen[digest]})
                     continue
-                similar = _nearest(neighbours[i] if neighbours is not None else self._vec0_nearest(conn, session, vector), vector, batch_kept)
+                similar = None if vector is None else _nearest(
+                    neighbours[i] if neighbours is not None else self._vec0_nearest(conn, session, vector), vector, batch_kept)
                 if similar and similar[1] >= self.config.dedup_threshold:
                     report = {"index": i, "similar_to": similar[0], "similarity": round(similar[1], 4)}
                     if self.config.dedup_mode == "skip":
@@ -269,9 +287,10 @@ class MemoryEngine:
                 )
                 mid = cursor.lastrowid
                 conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(mid, t) for t in item.tags])
-                conn.execute("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)", (mid, session, vector.tobytes()))
+                if vector is not None:
+                    conn.execute("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)", (mid, session, vector.tobytes()))
+                    batch_kept.append((mid, vector))
                 batch_seen[digest] = mid
-                batch_kept.append((mid, vector))
                 saved.append({"index": i, "id": mid, "tokens": tokens[i]})
             if batch_kept:
                 self.index.add(session, [mid for mid, _ in batch_kept], np.stack([v for _, v in batch_kept]))
@@ -328,6 +347,7 @@ class MemoryEngine:
             "omitted": omitted,
             "next_offset": None if stop is None else offset + stop,
             "candidates": ranked["candidates"],
+            "mode": self.search_mode,
             "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
         }
 
@@ -340,7 +360,8 @@ class MemoryEngine:
         max_tokens = check_agent_budget(self.config.recall_max_tokens if max_tokens is None else max_tokens)
         ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset, filters=filters)
         return recall_page(ranked["window"], max_tokens=max_tokens, counter=self.tokens, limit=ranked["top_k"],
-                           offset=offset, detail=detail, session_id=ranked["session_id"])
+                           offset=offset, detail=detail, session_id=ranked["session_id"],
+                           extra={"mode": "keyword"} if self.embedder is None else None)
 
     def _rank(self, query: str, *, session_id: str | None, top_k: int | None, tags: Sequence[str] | None, offset: int,
               dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None,
@@ -354,6 +375,8 @@ class MemoryEngine:
         _check_int(top_k, "top_k", 1, 1000)
         _check_int(offset, "offset", 0, MAX_OFFSET)
         weight = _check_number(self.config.recall_dense_weight if dense_weight is None else dense_weight, "dense_weight", 0.0, 1.0)
+        if self.embedder is None:
+            weight = 0.0  # keyword-only: BM25 alone
         k = _check_number(self.config.recall_rrf_k if rrf_k is None else rrf_k, "rrf_k", 0.0, 1e6)
         episode_weight = _check_number(self.config.recall_episode_weight if episode_weight is None else episode_weight, "episode_weight", 0.0, 10.0)
         neighbour_weight = _check_number(self.config.recall_neighbour_weight if neighbour_weight is None else neighbour_weight, "neighbour_weight", 0.0, 1.0)
@@ -491,7 +514,8 @@ class MemoryEngine:
                                  "metadata": {} if metadata is None else metadata}])[0]
         current = self.get(memory_id, history=False)
         facts = (current["speaker"], current["occurred_at"], current["attachments"])
-        vector = self.embedder.embed_documents([conversation.embedding_text(given.content, *facts)])[0] if content is not None else None
+        vector = self.embedder.embed_documents([conversation.embedding_text(given.content, *facts)])[0] \
+            if content is not None and self.embedder is not None else None
         with self.index.write() as conn:
             row = conn.execute("SELECT version, content, tags, metadata, updated_at, created_at, session_id FROM memories WHERE id = ?",
                                (memory_id,)).fetchone()
@@ -520,6 +544,10 @@ class MemoryEngine:
             if vector is not None and new_content != row[1]:
                 conn.execute("UPDATE memory_vectors SET embedding = ? WHERE memory_id = ?", (vector.tobytes(), memory_id))
                 self.index.replace(row[6], memory_id, vector)
+            elif self.embedder is None and new_content != row[1]:
+                # Keyword-only: the old vector no longer matches; reindex embeds the new text.
+                conn.execute("DELETE FROM memory_vectors WHERE memory_id = ?", (memory_id,))
+                self.index.remove(row[6], memory_id)
         return self.get(memory_id)
 
     def delete(self, memory_id: int) -> dict:

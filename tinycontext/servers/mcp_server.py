@@ -20,6 +20,7 @@ from mcp.server.fastmcp.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field, ValidationError
 
+from .. import keyword
 from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import InvalidInputError, TinyContextError
@@ -100,7 +101,7 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
             tg.start_soon(open_engine)
             yield None
 
-    server = TinyContextMCP("tinycontext", instructions=INSTRUCTIONS, log_level="WARNING", lifespan=warm_up)
+    server = TinyContextMCP("tinycontext", instructions=INSTRUCTIONS + keyword.instructions_note(config), log_level="WARNING", lifespan=warm_up)
 
     async def answer(work: Callable[[MemoryEngine], dict], render: Callable[[dict], str]) -> CallToolResult:
         # Engine calls block (ONNX, SQLite): run them on a worker thread, off the event loop.
