@@ -47,6 +47,9 @@ class TinyContextConfig(BaseModel):
     # Where vectors come from (tinycontext/embedders): "onnx" (embedding_model is a bundled/hub model),
     # "openai" (/v1/embeddings) or "ollama" (/api/embed) at embedding_url (embedding_model is the
     # server's model name), or a registered/entry-point backend.
+    # FTS5 tokenizer (tinycontext/language.py): "porter" (English stemming), "unicode61" (no stemming,
+    # other languages), "trigram" (substrings: Chinese, Japanese, compounds). Changing it rebuilds the index on open.
+    fts_tokenizer: Literal["porter", "unicode61", "trigram"] = "porter"
     # "none": no model, keyword-only (BM25) search; vectors are filled in by `tinycontext reindex` later.
     embedding_backend: str = "onnx"
     # When the model cannot be loaded: run keyword-only instead of failing with model_unavailable.

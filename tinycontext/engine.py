@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import browse, conversation, keyword
+from . import browse, conversation, keyword, language
 from .budget import TokenCounter, fit_budget
 from .config import TinyContextConfig
 from .embedders import EmbedderProtocol
@@ -150,6 +150,7 @@ class MemoryEngine:
         self.tokens = TokenCounter(self.config.encoding_name)
         self.store = Store(self.config.memory_db_path)
         try:
+            language.set_tokenizer(self.store, self.config.fts_tokenizer)
             if embedder is None:
                 keyword.ensure_vector_table(self.store)
                 self.reindexed = 0
@@ -431,23 +432,35 @@ class MemoryEngine:
         return sql, params
 
     def _bm25(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None) -> list[tuple[int, float]]:
-        match = fts_query(query)
-        if match is None:
+        # The trigram index takes substrings, and terms under 3 characters only through LIKE (language.py).
+        match, short = language.trigram_query(query) if self.config.fts_tokenizer == "trigram" else (fts_query(query), [])
+        if match is None and not short:
             return []
         if session is not None and self.store.read("SELECT min(id) = max(id) AND min(id) = ? FROM sessions", (session,))[0][0]:
             session = None  # the only session: filtering by it changes nothing, and the join costs ~25%
         if session is None:
             # Every FTS row is a memory (triggers), so no join is needed to read ids.
-            sql, params, id_column = ("SELECT rowid, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score FROM memories_fts "
-                                      "WHERE memories_fts MATCH ?"), [match], "rowid"
+            base, params, id_column = "FROM memories_fts WHERE {where}", [], "rowid"
         else:
-            sql, params, id_column = ("SELECT m.id, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score FROM memories_fts "
-                                      "JOIN memories m ON m.id = memories_fts.rowid WHERE memories_fts MATCH ? "
-                                      "AND m.session_id = ?"), [match, session], "m.id"
+            base, params, id_column = ("FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid WHERE {where} "
+                                       "AND m.session_id = ?"), [session], "m.id"
         # The filter is part of the FTS query, so the LIMIT keeps the best matches that pass it.
         filter_sql, filter_params = self._filter_sql(tags, filters, id_column)
-        sql += filter_sql + f" ORDER BY score DESC, {id_column} LIMIT ?"
-        return [(r[0], r[1]) for r in self.store.read(sql, [*params, *filter_params, depth])]
+        hits: list[tuple[int, float]] = []
+        if match is not None:
+            sql = (f"SELECT {id_column}, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score " + base.format(where="memories_fts MATCH ?")
+                   + filter_sql + f" ORDER BY score DESC, {id_column} LIMIT ?")
+            hits = [(r[0], r[1]) for r in self.store.read(sql, [match, *params, *filter_params, depth])]
+        if short and len(hits) < depth:
+            # Short terms rank after the BM25 hits, by how many of them a memory contains.
+            likes = ["(memories_fts.content LIKE ? ESCAPE '\\' OR memories_fts.tags LIKE ? ESCAPE '\\')" for _ in short]
+            patterns = [p for term in short for p in (language.like_pattern(term),) * 2]
+            seen = {h[0] for h in hits}
+            sql = (f"SELECT {id_column}, {' + '.join(likes)} AS score " + base.format(where="(" + " OR ".join(likes) + ")")
+                   + filter_sql + f" ORDER BY score DESC, {id_column} LIMIT ?")
+            rows = self.store.read(sql, [*patterns, *patterns, *params, *filter_params, depth])
+            hits += [(r[0], float(r[1])) for r in rows if r[0] not in seen][: depth - len(hits)]
+        return hits
 
     def _dense(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None, *,
                vector: np.ndarray | None = None) -> list[tuple[int, float]]:
