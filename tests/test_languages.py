@@ -4,6 +4,7 @@ multilingual model in the registry (downloaded from the fake hub)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import HashEmbedder
@@ -11,19 +12,10 @@ from conftest import HashEmbedder
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.language import current_tokenizer, set_tokenizer, trigram_query
 
-# (memory, query): each query must find its memory first by keywords alone.
-CASES = {
-    "chinese": ("我喜欢喝茶", "喝茶"),
-    "chinese-sentence": ("我们明天去北京开会", "北京开会吗"),
-    "japanese": ("私は東京に住んでいます", "東京"),
-    "japanese-phrase": ("猫が大好きです", "猫が大好き"),
-    "arabic": ("أنا أحب القهوة العربية", "القهوة"),
-    "hindi": ("मुझे चाय बहुत पसंद है", "चाय"),
-    "german-compound": ("Die Donaudampfschifffahrtsgesellschaft hat Verspätung", "Dampfschifffahrt"),
-    "emoji": ("Party tonight 🎉 at Anna's place", "🎉"),
-}
-DISTRACTORS = ["I like coffee in the morning", "Meeting in Berlin next week", "我们喜欢咖啡", "東京タワーは高い",
-               "القهوة التركية قوية جدا", "Die Schule beginnt um acht"]
+# (memory, query): each query must find its memory first by keywords alone (shared with scripts/bench_features.py).
+_DATA = json.loads((Path(__file__).parent / "fixtures" / "multilingual.json").read_text(encoding="utf-8"))
+CASES = {name: tuple(pair) for name, pair in _DATA["cases"].items()}
+DISTRACTORS = _DATA["distractors"]
 
 
 def found_first(engine, memory_ids: dict[str, int]) -> dict[str, bool]:
