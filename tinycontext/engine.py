@@ -288,7 +288,7 @@ class MemoryEngine:
         hashes = [_content_hash(text) for text in indexed]
         tokens = self.tokens.count_many([conversation.display_text(m.content, m.speaker, m.attachments) for m in items])
         # Keyword-only: no vectors, so no near-duplicate check (exact duplicates are still skipped).
-        vectors = None if self.embedder is None else self._vectors(items, indexed, stored)
+        vectors, missing = (None, []) if self.embedder is None else self._vectors(items, indexed, stored)
         renumbered: dict[int, int] = {}
         saved: list[dict] = []
         skipped: list[dict] = []
@@ -378,14 +378,14 @@ class MemoryEngine:
             **({"renumbered": renumbered, "embedded": len({s["index"] for s in saved} & set(missing))} if stored is not None else {}),
         }
 
-    def _vectors(self, items: list, indexed: list[str], stored) -> np.ndarray:
-        """One vector per item: a valid stored one (import) or freshly embedded."""
+    def _vectors(self, items: list, indexed: list[str], stored) -> tuple[np.ndarray, list[int]]:
+        """One vector per item: a valid stored one (import) or freshly embedded; and which were embedded."""
         dims = self.embedder.identity["dimensions"]
         given = [None if stored is None or stored[i].vector is None or len(stored[i].vector) != dims
                  or not np.isfinite(stored[i].vector).all() else np.asarray(stored[i].vector, np.float32) for i in range(len(items))]
         missing = [i for i, v in enumerate(given) if v is None]
         computed = iter(self.embedder.embed_documents([indexed[i] for i in missing], progress=self.progress)) if missing else iter(())
-        return np.stack([v if v is not None else next(computed) for v in given]) if items else np.zeros((0, dims), np.float32)
+        return (np.stack([v if v is not None else next(computed) for v in given]) if items else np.zeros((0, dims), np.float32)), missing
 
     def _auto_episode(self, item: MemoryInput, key: str) -> str | None:
         mode = self.config.auto_episode
