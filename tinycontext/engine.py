@@ -526,8 +526,10 @@ class MemoryEngine:
         else:
             base, params, id_column = ("FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid WHERE {where} "
                                        "AND m.session_id = ?"), [session], "m.id"
-        # The filter is part of the FTS query, so the LIMIT keeps the best matches that pass it.
-        filter_sql, filter_params = self._filter_sql(tags, filters, id_column)
+        # The filter is part of the FTS query, so the LIMIT keeps the best matches that pass it. The unary
+        # "+" keeps SQLite from driving FTS5 by the filter's id list: it would run the MATCH once per id
+        # (minutes for a filter passing half of 50k memories) instead of once, checking each hit's id.
+        filter_sql, filter_params = self._filter_sql(tags, filters, "+" + id_column)
         hits: list[tuple[int, float]] = []
         if match is not None:
             sql = (f"SELECT {id_column}, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score " + base.format(where="memories_fts MATCH ?")
