@@ -35,7 +35,8 @@ from .errors import (
 )
 from .filters import Filters, expiry, parse_filters
 from .render import Page, check_agent_budget, check_detail, recall_page
-from .retrieval import fts_query, fuse
+from .fts_budget import bounded_match
+from .retrieval import fuse
 from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory
 from .vector_index import VectorIndex
 
@@ -515,7 +516,10 @@ class MemoryEngine:
 
     def _bm25(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None) -> list[tuple[int, float]]:
         # The trigram index takes substrings, and terms under 3 characters only through LIKE (language.py).
-        match, short = language.trigram_query(query) if self.config.fts_tokenizer == "trigram" else (fts_query(query), [])
+        if self.config.fts_tokenizer == "trigram":
+            match, short = language.trigram_query(query)
+        else:
+            match, short = bounded_match(self.store, query, self.config.recall_fts_budget), []
         if match is None and not short:
             return []
         if session is not None and self.store.read("SELECT min(id) = max(id) AND min(id) = ? FROM sessions", (session,))[0][0]:
