@@ -38,7 +38,7 @@ from .filters import Filters, expiry, parse_filters
 from .model_hub import resolve_model
 from .render import Page, check_agent_budget, check_detail, recall_page
 from .retrieval import fts_query, fuse, relevance_floor
-from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory
+from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory, typed_storage_errors
 from .vector_index import VectorIndex
 
 DEFAULT_SESSION = "default"
@@ -151,6 +151,7 @@ def _content_hash(text: str) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+@typed_storage_errors
 class MemoryEngine:
     """An open memory database with its embedder. Thread-safe; close() when done."""
 
