@@ -156,30 +156,56 @@ class MemoryEngine:
     """An open memory database with its embedder. Thread-safe; close() when done."""
 
     def __init__(self, config: TinyContextConfig | None = None, *, embedder: Embedder | None = None, progress: bool = False):
+        """Opens the database. The configured model loads (and is checked against the database) on
+        first use, so get/delete/sessions/stats work without it, also on a database built by
+        another embedder; an ``embedder`` given here is checked at once."""
         self.config = config or TinyContextConfig()
-        if embedder is None:
-            bundle = resolve_model(self.config.embedding_model, self.config.models_dir)
-            embedder = Embedder(
-                bundle,
-                batch_size=self.config.embedding_batch_size,
-                cache_size=self.config.embedding_cache_size,
-                query_prefix=self.config.dense_query_prefix,
-                document_prefix=self.config.dense_document_prefix,
-                threads=self.config.embedding_threads,
-            )
-        self.embedder = embedder
         self.tokens = TokenCounter(self.config.encoding_name)
         self.store = Store(self.config.memory_db_path)
-        try:
-            self.reindexed = self.store.bind_embedder(
+        self.index = VectorIndex(self.store, self.config.vector_cache_max, self.config.vector_quantized_max)
+        self.progress = progress
+        self._embedder = embedder
+        self._reindexed: int | None = None
+        self._bind_lock = threading.Lock()
+        if embedder is not None:
+            try:
+                self._bind()
+            except BaseException:  # e.g. model_mismatch: do not leave the file open
+                self.store.close()
+                raise
+
+    @property
+    def embedder(self) -> Embedder:
+        """The embedding model, loaded and bound to the database on first use."""
+        if self._reindexed is None:
+            self._bind()
+        return self._embedder
+
+    @property
+    def reindexed(self) -> int:
+        """How many memories were (re-)embedded when the model was bound to the database."""
+        if self._reindexed is None:
+            self._bind()
+        return self._reindexed
+
+    def _bind(self) -> None:
+        with self._bind_lock:
+            if self._reindexed is not None:
+                return
+            if self._embedder is None:
+                self._embedder = Embedder(
+                    resolve_model(self.config.embedding_model, self.config.models_dir),
+                    batch_size=self.config.embedding_batch_size,
+                    cache_size=self.config.embedding_cache_size,
+                    query_prefix=self.config.dense_query_prefix,
+                    document_prefix=self.config.dense_document_prefix,
+                    threads=self.config.embedding_threads,
+                )
+            embedder = self._embedder
+            self._reindexed = self.store.bind_embedder(
                 embedder.identity, reindex=self.config.reindex,
                 embed_all=lambda texts: embedder.embed_documents(texts, progress=True),
             )
-        except BaseException:  # e.g. model_mismatch: do not leave the file open
-            self.store.close()
-            raise
-        self.index = VectorIndex(self.store, self.config.vector_cache_max, self.config.vector_quantized_max)
-        self.progress = progress
 
     def close(self) -> None:
         self.store.close()
@@ -455,7 +481,7 @@ class MemoryEngine:
         neighbour_weight = _check_number(self.config.recall_neighbour_weight if neighbour_weight is None else neighbour_weight, "neighbour_weight", 0.0, 1.0)
         speaker_boost = _check_number(self.config.recall_speaker_boost if speaker_boost is None else speaker_boost, "speaker_boost", 0.0, 10.0)
         min_dense = _check_number(self.config.recall_min_dense if min_dense is None else min_dense, "min_dense", 0.0, 1.0)
-        depth = max(_check_int(self.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000), offset + top_k)
+        depth = _check_int(self.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000)
         session = _check_session(session_id)
         tag_list = _normalise_tags([] if tags is None else tags, "tags")
         filters = parse_filters(filters)
@@ -466,13 +492,31 @@ class MemoryEngine:
         # Embed the query on a worker thread while FTS5 runs here: ONNX and SQLite both release the
         # GIL, so on two cores the two steps overlap instead of adding up.
         vector = _QUERY_POOL.submit(self.embedder.embed_query, query) if weight > 0.0 else None
-        bm25_hits = self._bm25(query, session, tag_list, depth, filters) if weight < 1.0 else []
-        dense_hits = self._dense(query, session, tag_list, depth, filters, vector=vector.result()) if vector else []
-        ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
-        # The relevance floor: its own step, so re-rankers before or after it compose.
-        ranked, below_floor = relevance_floor(ranked, min_dense)
-        if ranked and (episode_weight or neighbour_weight or speaker_boost):
-            ranked = self._conversation_rerank(query, session, ranked, dense_hits, episode_weight, neighbour_weight, speaker_boost)
+
+        def ordered(depth: int) -> tuple[list, int]:
+            bm25_hits = self._bm25(query, session, tag_list, depth, filters) if weight < 1.0 else []
+            dense_hits = self._dense(query, session, tag_list, depth, filters, vector=vector.result()) if vector else []
+            ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
+            # The relevance floor: its own step, so re-rankers before or after it compose.
+            ranked, below_floor = relevance_floor(ranked, min_dense)
+            if ranked and (episode_weight or neighbour_weight or speaker_boost):
+                ranked = self._conversation_rerank(query, session, ranked, dense_hits, episode_weight, neighbour_weight, speaker_boost)
+            return ranked, below_floor
+
+        ranked, below_floor = ordered(depth)
+        if offset + top_k > depth:
+            # Deep pages: a deeper search reorders what a shallower one ranked, so page N+1 could repeat
+            # or skip page N's memories. The order is fixed tier by tier instead: the first `depth`
+            # positions come from the first search, each deeper search (twice as deep) only appends
+            # memories not ranked yet. Every page reads the same order.
+            ranked, seen = ranked[:depth], {c.id for c in ranked[:depth]}
+            while offset + top_k > depth:
+                shown, depth = depth, depth * 2
+                fresh = [c for c in ordered(depth)[0] if c.id not in seen][:depth - shown]
+                if not fresh:
+                    break
+                ranked += fresh
+                seen.update(c.id for c in fresh)
         window = ranked[offset:]
         rows = self._rows([c.id for c in window])
         memories = [
@@ -669,7 +713,9 @@ def _nearest(stored: tuple[int, float] | None, vector: np.ndarray, batch: list[t
     batch: (id, cosine)."""
     best = stored
     if batch:
-        sims = np.stack([v for _, v in batch]) @ vector
+        # Cosine, not the dot product: models with normalize: false give vectors of any length.
+        rows = np.stack([v for _, v in batch])
+        sims = (rows @ vector) / np.maximum(np.linalg.norm(rows, axis=1) * np.linalg.norm(vector), 1e-12)
         j = int(np.argmax(sims))
         if best is None or sims[j] > best[1]:
             best = (batch[j][0], float(sims[j]))

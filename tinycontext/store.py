@@ -321,7 +321,10 @@ class Store:
         so an interruption leaves the old vectors and identity intact.
         """
         stored = self.stored_identity()
-        if stored == identity and self.has_vector_table():
+        if same_embedder(stored, identity) and self.has_vector_table():
+            if stored != identity:  # a database from before sha256/max_tokens were recorded: record them now
+                with self.write() as conn:
+                    conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('embedder', ?)", (json.dumps(identity, sort_keys=True),))
             return 0
         count = self.read("SELECT count(*) FROM memories")[0][0]
         self._refuse_mismatch(stored, identity, count, reindex)
@@ -332,7 +335,8 @@ class Store:
             # (two processes opening a new database at once): decide again under the write lock.
             raw = conn.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()
             stored = json.loads(raw[0]) if raw else None
-            if stored == identity and conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'memory_vectors'").fetchone():
+            if same_embedder(stored, identity) and conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'memory_vectors'").fetchone():
+                conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('embedder', ?)", (json.dumps(identity, sort_keys=True),))
                 return 0
             latest = conn.execute("SELECT id, session_id, content FROM memories ORDER BY id").fetchall()
             self._refuse_mismatch(stored, identity, len(latest), reindex)
@@ -352,7 +356,7 @@ class Store:
         return len(rows)
 
     def _refuse_mismatch(self, stored: dict | None, identity: dict, count: int, reindex: str) -> None:
-        if stored is not None and stored != identity and count and reindex != "auto":
+        if stored is not None and not same_embedder(stored, identity) and count and reindex != "auto":
             diff = {k: (stored.get(k), identity.get(k)) for k in identity if stored.get(k) != identity.get(k)}
             raise ModelMismatchError(
                 f"Database {self.path} was built with embedder {stored.get('model')} and this config uses "
@@ -364,6 +368,12 @@ class Store:
     def close(self) -> None:
         with self.lock:
             self.conn.close()
+
+
+def same_embedder(stored: dict | None, identity: dict) -> bool:
+    """Whether vectors recorded under ``stored`` are ``identity``'s. Facts recorded only by newer
+    versions (the model file's sha256, max_tokens) may be missing from ``stored``: what it has must match."""
+    return stored is not None and set(stored) <= set(identity) and all(stored[k] == identity[k] for k in stored)
 
 
 # SQLite's primary result codes (the low byte of an extended code).

@@ -92,7 +92,7 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
         # Load the model while the client initializes; a failure here is reported by the first tool call.
         async def open_engine():
             try:
-                await anyio.to_thread.run_sync(get_engine, config)
+                await anyio.to_thread.run_sync(lambda: get_engine(config).embedder)
             except TinyContextError as err:
                 log.warning("engine not ready: %s", err)
 
