@@ -181,6 +181,12 @@ class MemoryEngine:
             self._bind()
         return self._embedder
 
+    @embedder.setter
+    def embedder(self, embedder: Embedder) -> None:
+        """Swap the embedder of a database already bound to it (e.g. after store.bind_embedder)."""
+        self._embedder = embedder
+        self._reindexed = self._reindexed or 0
+
     @property
     def reindexed(self) -> int:
         """How many memories were (re-)embedded when the model was bound to the database."""
