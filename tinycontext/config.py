@@ -57,6 +57,8 @@ class TinyContextConfig(BaseModel):
     # Relevance floor: memories with no lexical match and a dense cosine below this are not returned (0: off);
     # chosen from scripts/tune_floor.py's sweep (notes/relevance_floor.md).
     recall_min_dense: float = Field(0.3, ge=0.0, le=1.0)
+    # Rows BM25 may score per recall: the query's commonest words are dropped past it (0: no bound).
+    recall_fts_budget: int = Field(30_000, ge=0)
     # Conversations (tinycontext/conversation.py): a turn gains weight / (3 + its episode's rank), a
     # share of the score of the turn before/after it, and x(1 + boost) when the query names its speaker.
     # 0 turns a signal off. Chosen on LoCoMo dev with leave-one-conversation-out checks (notes/locomo.md).
