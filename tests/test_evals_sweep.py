@@ -47,9 +47,10 @@ def test_sweep_writes_one_row_per_config(sweep):
     assert rows[["ndcg@10", "recall@10", "recall@100", "mrr@10", "budget_recall"]].apply(lambda c: c.between(0, 1).all()).all()
     assert (rows["tokens_returned"] <= 120).all() and (rows["tokens_naive"] >= rows["tokens_returned"]).all()
     # BM25 alone may match only a few tiny documents (all of them fit); with dense candidates the
-    # naive top-100 dump is always larger than what the budget lets through.
+    # naive top-100 dump is larger than what the budget lets through, unless the relevance floor
+    # (recall_min_dense) left only what fits; over the sweep it is larger somewhere.
     hybrid = rows[rows["dense_weight"] > 0]
-    assert (hybrid["tokens_naive"] > hybrid["tokens_returned"]).all()
+    assert (hybrid["tokens_naive"] >= hybrid["tokens_returned"]).all() and (hybrid["tokens_naive"] > hybrid["tokens_returned"]).any()
     assert "12/12 configs done" in log and "ETA" in log
 
 
