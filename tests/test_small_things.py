@@ -99,21 +99,6 @@ def test_near_duplicates_with_unnormalised_vectors(config):
         assert apart["near_duplicates"] == []
 
 
-def test_get_delete_sessions_stats_need_no_model(env, capsys, tmp_path, monkeypatch):
-    config = TinyContextConfig(memory_db_path=env["TINYCONTEXT_MEMORY_DB_PATH"], models_dir=tmp_path / "models")
-    with MemoryEngine(config, embedder=HashEmbedder()) as engine:  # built by another embedder
-        first, second = engine.save(["Kept memory.", "Memory to delete."], session_id="s")["ids"]
-    monkeypatch.setenv("TINYCONTEXT_EMBEDDING_MODEL", str(tmp_path / "no-such-model"))
-    assert run(capsys, "get", str(first))[0] == 0
-    assert run(capsys, "delete", str(second))[0] == 0
-    code, out, _ = run(capsys, "sessions", "--json")
-    assert code == 0 and json.loads(out)[0]["memories"] == 1
-    code, out, _ = run(capsys, "stats", "--json")
-    assert code == 0 and json.loads(out)["memories"] == json.loads(out)["vectors"] == 1
-    code, _, err = run(capsys, "recall", "kept")
-    assert code == 1 and err.startswith("model_unavailable: ")
-
-
 def test_deep_paging_never_repeats_or_skips(hash_engine):
     words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
     memories = [f"note {i} {words[i % 10]} {words[(i * 7) % 10]} {words[(i * 3) % 10]} item{i}" for i in range(450)]
