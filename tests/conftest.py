@@ -56,6 +56,19 @@ class HashEmbedder:
         return self._one(text)
 
 
+# The hostile, concurrency and fault suites take their embedder from here: the hash stand-in by
+# default, the real MiniLM model with TINYCONTEXT_TEST_EMBEDDER=minilm (CI runs them both ways).
+SUITE_EMBEDDER = os.environ.get("TINYCONTEXT_TEST_EMBEDDER", "hash")
+
+
+def suite_embedder():
+    if SUITE_EMBEDDER == "minilm":
+        return Embedder(builtin_bundle())
+    if SUITE_EMBEDDER != "hash":
+        raise ValueError(f"TINYCONTEXT_TEST_EMBEDDER must be hash or minilm, not {SUITE_EMBEDDER!r}")
+    return HashEmbedder()
+
+
 @pytest.fixture
 def config(tmp_path) -> TinyContextConfig:
     return TinyContextConfig(memory_db_path=tmp_path / "memory.db", models_dir=tmp_path / "models")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 
-from conftest import HashEmbedder
+from conftest import suite_embedder
 from tinycontext import MemoryEngine, TinyContextConfig
 
 PROCESSES = 4
@@ -18,7 +18,7 @@ def _worker(db_path: str, worker: int, barrier, results) -> None:
         barrier.wait(timeout=120)  # all workers open and write at the same moment
         config = TinyContextConfig(memory_db_path=db_path, models_dir=db_path + ".models")
         acked = []
-        with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        with MemoryEngine(config, embedder=suite_embedder()) as eng:
             for i in range(SAVES):
                 content = f"worker {worker} memory {i} about topic{i % 5}"
                 out = eng.save([{"content": content, "tags": [f"w{worker}"]}], session_id=f"s{worker % 2}")
@@ -47,7 +47,7 @@ def test_processes_write_one_file_at_once(tmp_path):
     assert len(acked) == PROCESSES * SAVES
     ids = [mid for mid, _ in acked]
     assert len(set(ids)) == len(ids)
-    with MemoryEngine(TinyContextConfig(memory_db_path=db, models_dir=tmp_path / "models"), embedder=HashEmbedder()) as eng:
+    with MemoryEngine(TinyContextConfig(memory_db_path=db, models_dir=tmp_path / "models"), embedder=suite_embedder()) as eng:
         read = eng.store.read
         stored = dict(read("SELECT id, content FROM memories"))
         assert stored == dict(acked)  # every acknowledged id exists exactly once, with its content

@@ -361,7 +361,7 @@ def test_weights_zero_and_one_reproduce_single_lists(hash_engine):
     k = hash_engine.config.recall_rrf_k
     assert [m["scores"]["rrf"] for m in lexical["memories"]] == pytest.approx([1 / (k + r) for r in range(1, len(bm25_order) + 1)])
 
-    semantic = hash_engine.recall(query, dense_weight=1.0, top_k=50)
+    semantic = hash_engine.recall(query, dense_weight=1.0, top_k=50, min_dense=0.0)  # every neighbour, however weak
     assert ids_of(semantic) == dense_order
     assert [m["scores"]["dense"] for m in semantic["memories"]] == pytest.approx(sorted(sims, reverse=True), abs=1e-5)
     assert all(m["scores"]["bm25"] is None for m in semantic["memories"])
@@ -410,7 +410,7 @@ def test_real_model_update_moves_meaning(engine):
     mid, other = engine.save(["My car is a red hatchback.", "Weekly groceries: bread, milk, eggs."], session_id="u")["ids"]
 
     def dense_score(query: str) -> float:
-        return {m["id"]: m["scores"]["dense"] for m in engine.recall(query, session_id="u", dense_weight=1.0)["memories"]}[mid]
+        return {m["id"]: m["scores"]["dense"] for m in engine.recall(query, session_id="u", dense_weight=1.0, min_dense=0.0)["memories"]}[mid]
 
     assert ids_of(engine.recall("automobile", session_id="u", dense_weight=1.0))[0] == mid
     before = dense_score("automobile")

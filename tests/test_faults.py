@@ -19,7 +19,7 @@ from tinycontext.errors import ModelUnavailableError
 from tinycontext.model_hub import MANIFEST
 from tinycontext.servers.fastapi_server import create_app
 from tinycontext.servers.http import ServeSettings, background
-from conftest import HashEmbedder
+from conftest import suite_embedder
 
 TESTS = Path(__file__).resolve().parent
 BATCH = 25
@@ -27,10 +27,10 @@ BATCH = 25
 WRITER = f"""
 import json, sys
 sys.path.insert(0, {str(TESTS)!r})
-from conftest import HashEmbedder
+from conftest import suite_embedder
 from tinycontext import MemoryEngine, TinyContextConfig
 config = TinyContextConfig(memory_db_path=sys.argv[1], models_dir=sys.argv[1] + ".models")
-with MemoryEngine(config, embedder=HashEmbedder()) as engine:
+with MemoryEngine(config, embedder=suite_embedder()) as engine:
     for batch in range(10_000):
         memories = [f"batch {{batch}} item {{i}} about topic{{(batch * {BATCH} + i) % 97}}" for i in range({BATCH})]
         result = engine.save(memories, session_id=f"s{{batch % 3}}")
@@ -55,7 +55,7 @@ def test_sigkill_mid_batch_loses_nothing_acknowledged(tmp_path):
             writer.wait(timeout=30)
         assert writer.returncode == -signal.SIGKILL
     config = TinyContextConfig(memory_db_path=db, models_dir=tmp_path / "models")
-    with MemoryEngine(config, embedder=HashEmbedder()) as engine:
+    with MemoryEngine(config, embedder=suite_embedder()) as engine:
         store = engine.store
         assert store.read("PRAGMA integrity_check")[0][0] == "ok"
         store.read("INSERT INTO memories_fts(memories_fts) VALUES ('integrity-check')")
@@ -89,8 +89,8 @@ def _broken_models(tmp_path, shared_dir):
 def test_broken_model_is_model_unavailable_with_its_path(tmp_path, shared_dir):
     for why, (folder, path) in _broken_models(tmp_path, shared_dir).items():
         config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", embedding_model=str(folder))
-        with pytest.raises(ModelUnavailableError) as caught:
-            MemoryEngine(config)
+        with pytest.raises(ModelUnavailableError) as caught, MemoryEngine(config) as engine:
+            engine.recall("anything")  # the model loads on first use
         assert str(path) in caught.value.message, why
         with background(create_app(config, settings=ServeSettings())) as base:
             for _ in range(2):  # still answering, still the same clear error

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import HashEmbedder
+from conftest import suite_embedder
 from tinycontext import MemoryEngine, TinyContextConfig, TinyContextError
 
 FTS_SYNTAX = ['"', "'", "*", "^", ":", "(", ")", "{", "}", "-", "+", "?", "NEAR", "NEAR(", "AND", "OR", "NOT",
@@ -25,7 +25,7 @@ queries = st.lists(st.one_of(st.text(max_size=12), st.sampled_from(FTS_SYNTAX)),
 def eng(tmp_path_factory):
     path = tmp_path_factory.mktemp("hostile")
     config = TinyContextConfig(memory_db_path=path / "m.db", models_dir=path / "models", max_content_chars=10_000, max_batch_size=20)
-    with MemoryEngine(config, embedder=HashEmbedder()) as engine:
+    with MemoryEngine(config, embedder=suite_embedder()) as engine:
         engine.save(SEED, session_id="s")
         yield engine
 

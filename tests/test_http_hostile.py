@@ -88,12 +88,12 @@ def _check(client: httpx.Client, response: httpx.Response, path: str, body) -> N
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from conftest import HashEmbedder
+    from conftest import suite_embedder
     from tinycontext import MemoryEngine, TinyContextConfig
 
     tmp = tmp_path_factory.mktemp("hostile")
     config = TinyContextConfig(memory_db_path=tmp / "h.db", models_dir=tmp / "models")
-    with MemoryEngine(config, embedder=HashEmbedder()) as engine:
+    with MemoryEngine(config, embedder=suite_embedder()) as engine:
         with background(create_app(engine=engine, settings=ServeSettings())) as base, httpx.Client(base_url=base, timeout=60) as client:
             baseline = client.post("/save_memories", json={"session_id": "private", "memories": [
                 {"content": "The vault code is in the blue notebook", "tags": ["secret"], "metadata": {"k": [1, {"x": None}]}},

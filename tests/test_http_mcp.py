@@ -58,7 +58,8 @@ def test_same_tools_as_stdio_and_real_recall_over_http(mcp_config):
     assert "Fly.io" in first["content"] and first["session_id"] == "work"
     home_id = home.structuredContent["ids"][0]
     assert home_id not in {m["id"] for m in isolated.structuredContent["memories"]}
-    assert {m["session_id"] for m in isolated.structuredContent["memories"]} == {"work"}
+    # Nothing in "work" is about a cat: the relevance floor may leave the answer empty, never another session's.
+    assert {m["session_id"] for m in isolated.structuredContent["memories"]} <= {"work"}
     assert missing.isError and missing.structuredContent["error"]["code"] == "memory_not_found"
     assert budget.isError and budget.structuredContent["error"]["code"] == "recall_budget"
 

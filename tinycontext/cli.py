@@ -138,7 +138,12 @@ def with_defaults(memory, tags: list[str], metadata: dict | None):
         memory = {"content": memory}
     if not isinstance(memory, dict):
         return memory  # the engine reports what is wrong with it
-    return {**memory, "tags": [*memory.get("tags", []), *tags], "metadata": {**(metadata or {}), **memory.get("metadata", {})}}
+    own_tags, own_metadata = memory.get("tags", []), memory.get("metadata", {})
+    if isinstance(own_tags, str):  # {"tags": "prefs"} means one tag, not five letters
+        own_tags = [own_tags]
+    if not isinstance(own_tags, list) or not isinstance(own_metadata, dict):
+        return memory  # e.g. null tags or metadata: the engine says what is wrong
+    return {**memory, "tags": [*own_tags, *tags], "metadata": {**(metadata or {}), **own_metadata}}
 
 
 # -- commands -------------------------------------------------------------------------------

@@ -72,6 +72,9 @@ class TinyContextConfig(BaseModel):
     recall_dense_weight: float = Field(0.5, ge=0.0, le=1.0)
     # k=10 beat the customary 60 on SciFact train (0.727 vs 0.718 nDCG@10) and LoCoMo (R@10 0.65 vs 0.60).
     recall_rrf_k: float = Field(10, gt=0)
+    # Relevance floor: memories with no lexical match and a dense cosine below this are not returned (0: off);
+    # chosen from scripts/tune_floor.py's sweep (notes/relevance_floor.md).
+    recall_min_dense: float = Field(0.3, ge=0.0, le=1.0)
     # Rows BM25 may score per recall: the query's commonest words are dropped past it (0: no bound).
     recall_fts_budget: int = Field(30_000, ge=0)
     # Conversations (tinycontext/conversation.py): a turn gains weight / (3 + its episode's rank), a

@@ -142,6 +142,8 @@ class Embedder:
     @property
     def identity(self) -> dict:
         """What the database records about the vectors this embedder makes."""
+        from .model_hub import file_sha256  # model_hub imports this module
+
         return {
             "model": self.bundle.name,
             "revision": self.bundle.revision,
@@ -149,6 +151,10 @@ class Embedder:
             "pooling": self.pooling,
             "query_prefix": self.query_prefix,
             "document_prefix": self.document_prefix,
+            # The exact model file and the input length vectors were made with: a replaced file or a
+            # changed truncation makes different vectors under the same name.
+            "sha256": self.bundle.sha256 or file_sha256(self.bundle.model_file),
+            "max_tokens": self.bundle.max_tokens,
         }
 
     def _load_onnx(self):

@@ -36,8 +36,8 @@ from .errors import (
 from .filters import Filters, expiry, parse_filters
 from .render import Page, check_agent_budget, check_detail, recall_page
 from .fts_budget import bounded_match
-from .retrieval import fuse
-from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory
+from .retrieval import fuse, relevance_floor
+from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory, typed_storage_errors
 from .vector_index import VectorIndex
 
 DEFAULT_SESSION = "default"
@@ -150,6 +150,7 @@ def _content_hash(text: str) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+@typed_storage_errors
 class MemoryEngine:
     """An open memory database with its embedder. Thread-safe; close() when done."""
 
@@ -406,7 +407,8 @@ class MemoryEngine:
     def recall(self, query: str, *, session_id: str | None = None, max_tokens: int | None = None, top_k: int | None = None,
                tags: Sequence[str] | None = None, offset: int = 0, dense_weight: float | None = None,
                rrf_k: float | None = None, candidates: int | None = None, filters: Filters | dict | None = None,
-               episode_weight: float | None = None, neighbour_weight: float | None = None, speaker_boost: float | None = None) -> dict:
+               episode_weight: float | None = None, neighbour_weight: float | None = None, speaker_boost: float | None = None,
+               min_dense: float | None = None) -> dict:
         """The library answer: full memory dicts whose content fits ``max_tokens``. Interfaces that
         hand text to an agent use :meth:`recall_rendered`, whose budget covers what they render.
         ``filters`` (see :mod:`tinycontext.filters`) narrows by tags, metadata and time."""
@@ -415,7 +417,8 @@ class MemoryEngine:
         _check_int(max_tokens, "max_tokens", 1, 1_000_000, RecallBudgetError)
         ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset,
                             dense_weight=dense_weight, rrf_k=rrf_k, candidates=candidates, filters=filters,
-                            episode_weight=episode_weight, neighbour_weight=neighbour_weight, speaker_boost=speaker_boost)
+                            episode_weight=episode_weight, neighbour_weight=neighbour_weight, speaker_boost=speaker_boost,
+                            min_dense=min_dense)
         window = ranked["window"]
         chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, ranked["top_k"])
         memories = [window[p] for p in chosen]
@@ -431,6 +434,8 @@ class MemoryEngine:
             "omitted": omitted,
             "next_offset": None if stop is None else offset + stop,
             "candidates": ranked["candidates"],
+            # Candidates the relevance floor (recall_min_dense) left out: no lexical match, weak dense similarity.
+            "below_floor": ranked["below_floor"],
             "mode": self.search_mode,
             "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
         }
@@ -445,12 +450,13 @@ class MemoryEngine:
         ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset, filters=filters)
         return recall_page(ranked["window"], max_tokens=max_tokens, counter=self.tokens, limit=ranked["top_k"],
                            offset=offset, detail=detail, session_id=ranked["session_id"],
-                           extra={"mode": "keyword"} if self.embedder is None else None)
+                           extra={**({"below_floor": ranked["below_floor"]} if ranked["below_floor"] else {}),
+                                  **({"mode": "keyword"} if self.embedder is None else {})} or None)
 
     def _rank(self, query: str, *, session_id: str | None, top_k: int | None, tags: Sequence[str] | None, offset: int,
               dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None,
               filters: Filters | dict | None = None, episode_weight: float | None = None,
-              neighbour_weight: float | None = None, speaker_boost: float | None = None) -> dict:
+              neighbour_weight: float | None = None, speaker_boost: float | None = None, min_dense: float | None = None) -> dict:
         """Ranked memories from ``offset`` on (full dicts with rank and scores), before any budget."""
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query must be non-empty text: say what you want to remember.")
@@ -465,7 +471,8 @@ class MemoryEngine:
         episode_weight = _check_number(self.config.recall_episode_weight if episode_weight is None else episode_weight, "episode_weight", 0.0, 10.0)
         neighbour_weight = _check_number(self.config.recall_neighbour_weight if neighbour_weight is None else neighbour_weight, "neighbour_weight", 0.0, 1.0)
         speaker_boost = _check_number(self.config.recall_speaker_boost if speaker_boost is None else speaker_boost, "speaker_boost", 0.0, 10.0)
-        depth = max(_check_int(self.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000), offset + top_k)
+        min_dense = _check_number(self.config.recall_min_dense if min_dense is None else min_dense, "min_dense", 0.0, 1.0)
+        depth = _check_int(self.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000)
         session = _check_session(session_id)
         tag_list = _normalise_tags([] if tags is None else tags, "tags")
         filters = parse_filters(filters)
@@ -476,18 +483,39 @@ class MemoryEngine:
         # Embed the query on a worker thread while FTS5 runs here: ONNX and SQLite both release the
         # GIL, so on two cores the two steps overlap instead of adding up.
         vector = _QUERY_POOL.submit(self.embedder.embed_query, query) if weight > 0.0 else None
-        bm25_hits = self._bm25(query, session, tag_list, depth, filters) if weight < 1.0 else []
-        dense_hits = self._dense(query, session, tag_list, depth, filters, vector=vector.result()) if vector else []
-        ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
-        if ranked and (episode_weight or neighbour_weight or speaker_boost):
-            ranked = self._conversation_rerank(query, session, ranked, dense_hits, episode_weight, neighbour_weight, speaker_boost)
+
+        def ordered(depth: int) -> tuple[list, int]:
+            bm25_hits = self._bm25(query, session, tag_list, depth, filters) if weight < 1.0 else []
+            dense_hits = self._dense(query, session, tag_list, depth, filters, vector=vector.result()) if vector else []
+            ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
+            # The relevance floor: its own step, so re-rankers before or after it compose.
+            ranked, below_floor = relevance_floor(ranked, min_dense)
+            if ranked and (episode_weight or neighbour_weight or speaker_boost):
+                ranked = self._conversation_rerank(query, session, ranked, dense_hits, episode_weight, neighbour_weight, speaker_boost)
+            return ranked, below_floor
+
+        ranked, below_floor = ordered(depth)
+        if offset + top_k > depth:
+            # Deep pages: a deeper search reorders what a shallower one ranked, so page N+1 could repeat
+            # or skip page N's memories. The order is fixed tier by tier instead: the first `depth`
+            # positions come from the first search, each deeper search (twice as deep) only appends
+            # memories not ranked yet. Every page reads the same order.
+            ranked, seen = ranked[:depth], {c.id for c in ranked[:depth]}
+            while offset + top_k > depth:
+                shown, depth = depth, depth * 2
+                fresh = [c for c in ordered(depth)[0] if c.id not in seen][:depth - shown]
+                if not fresh:
+                    break
+                ranked += fresh
+                seen.update(c.id for c in fresh)
         window = ranked[offset:]
         rows = self._rows([c.id for c in window])
         memories = [
             {**rows[c.id], "rank": offset + position + 1, "scores": {"rrf": c.rrf, "bm25": c.bm25, "dense": c.dense}}
             for position, c in enumerate(c for c in window if c.id in rows)
         ]
-        return {"query": query, "session_id": session, "top_k": top_k, "window": memories, "candidates": len(ranked)}
+        return {"query": query, "session_id": session, "top_k": top_k, "window": memories, "candidates": len(ranked),
+                "below_floor": below_floor}
 
     def _conversation_rerank(self, query: str, session: str | None, ranked: list, dense_hits: list, episode_weight: float,
                              neighbour_weight: float, speaker_boost: float) -> list:
@@ -698,7 +726,9 @@ def _nearest(stored: tuple[int, float] | None, vector: np.ndarray, batch: list[t
     batch: (id, cosine)."""
     best = stored
     if batch:
-        sims = np.stack([v for _, v in batch]) @ vector
+        # Cosine, not the dot product: models with normalize: false give vectors of any length.
+        rows = np.stack([v for _, v in batch])
+        sims = (rows @ vector) / np.maximum(np.linalg.norm(rows, axis=1) * np.linalg.norm(vector), 1e-12)
         j = int(np.argmax(sims))
         if best is None or sims[j] > best[1]:
             best = (batch[j][0], float(sims[j]))

@@ -85,3 +85,13 @@ def fuse(bm25_hits: list[tuple[int, float]], dense_hits: list[tuple[int, float]]
     elif dense_weight == 1.0:
         ranked = [c for c in ranked if c.dense_rank is not None]
     return ranked
+
+
+def relevance_floor(ranked: list[Candidate], min_dense: float) -> tuple[list[Candidate], int]:
+    """Drop candidates that are not evidence: no lexical (BM25) match and a dense similarity below
+    ``min_dense``. The dense side always has neighbours, so without a floor an unrelated query still
+    fills top_k with noise. Returns (kept in order, how many were dropped); 0 turns it off."""
+    if min_dense <= 0.0:
+        return ranked, 0
+    kept = [c for c in ranked if c.bm25 is not None or c.dense is None or c.dense >= min_dense]
+    return kept, len(ranked) - len(kept)

@@ -8,6 +8,7 @@ macOS system Python) lack ``enable_load_extension``, and sqlite-vec is an extens
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -239,22 +240,32 @@ class Store:
     @contextmanager
     def write(self) -> Iterator:
         """A write transaction; BEGIN IMMEDIATE takes the write lock up front so concurrent
-        writers wait on busy_timeout instead of failing with a deadlock on lock upgrade."""
+        writers wait on busy_timeout instead of failing with a deadlock on lock upgrade. Any failure,
+        the COMMIT's included (a full disk), rolls everything back; SQLite errors become StorageError."""
         with self.lock:
             try:
                 self.conn.execute("BEGIN IMMEDIATE")
-            except self.driver.OperationalError as exc:  # busy_timeout ran out
-                raise StorageError(f"Database {self.path} is busy ({exc}): another process held its write lock too long. Retry.") from exc
+            except self.driver.Error as exc:
+                raise storage_error(exc, self.path) from exc
             try:
                 yield self.conn
-            except BaseException:
-                self.conn.execute("ROLLBACK")
+                self.conn.execute("COMMIT")
+            except BaseException as exc:
+                if self.conn.in_transaction:  # SQLite may already have rolled back (e.g. disk full)
+                    try:
+                        self.conn.execute("ROLLBACK")
+                    except self.driver.Error:
+                        pass
+                if isinstance(exc, self.driver.Error):
+                    raise storage_error(exc, self.path) from exc
                 raise
-            self.conn.execute("COMMIT")
 
     def read(self, sql: str, params: Iterable = ()) -> list:
         with self.lock:
-            return self.conn.execute(sql, tuple(params)).fetchall()
+            try:
+                return self.conn.execute(sql, tuple(params)).fetchall()
+            except self.driver.Error as exc:
+                raise storage_error(exc, self.path) from exc
 
     # -- schema ---------------------------------------------------------------------------------
 
@@ -310,7 +321,10 @@ class Store:
         so an interruption leaves the old vectors and identity intact.
         """
         stored = self.stored_identity()
-        if stored == identity and self.has_vector_table():
+        if same_embedder(stored, identity) and self.has_vector_table():
+            if stored != identity:  # a database from before sha256/max_tokens were recorded: record them now
+                with self.write() as conn:
+                    conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('embedder', ?)", (json.dumps(identity, sort_keys=True),))
             return 0
         count = self.read("SELECT count(*) FROM memories")[0][0]
         self._refuse_mismatch(stored, identity, count, reindex)
@@ -321,7 +335,8 @@ class Store:
             # (two processes opening a new database at once): decide again under the write lock.
             raw = conn.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()
             stored = json.loads(raw[0]) if raw else None
-            if stored == identity and conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'memory_vectors'").fetchone():
+            if same_embedder(stored, identity) and conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'memory_vectors'").fetchone():
+                conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('embedder', ?)", (json.dumps(identity, sort_keys=True),))
                 return 0
             latest = conn.execute("SELECT id, session_id, content FROM memories ORDER BY id").fetchall()
             self._refuse_mismatch(stored, identity, len(latest), reindex)
@@ -341,7 +356,7 @@ class Store:
         return len(rows)
 
     def _refuse_mismatch(self, stored: dict | None, identity: dict, count: int, reindex: str) -> None:
-        if stored is not None and stored != identity and count and reindex != "auto":
+        if stored is not None and not same_embedder(stored, identity) and count and reindex != "auto":
             diff = {k: (stored.get(k), identity.get(k)) for k in identity if stored.get(k) != identity.get(k)}
             raise ModelMismatchError(
                 f"Database {self.path} was built with embedder {stored.get('model')} and this config uses "
@@ -353,6 +368,60 @@ class Store:
     def close(self) -> None:
         with self.lock:
             self.conn.close()
+
+
+def same_embedder(stored: dict | None, identity: dict) -> bool:
+    """Whether vectors recorded under ``stored`` are ``identity``'s. Facts recorded only by newer
+    versions (the model file's sha256, max_tokens) may be missing from ``stored``: what it has must match."""
+    return stored is not None and set(stored) <= set(identity) and all(stored[k] == identity[k] for k in stored)
+
+
+# SQLite's primary result codes (the low byte of an extended code).
+_FULL, _READONLY, _CORRUPT, _NOTADB, _BUSY, _LOCKED, _IOERR, _CANTOPEN = 13, 8, 11, 26, 5, 6, 10, 14
+
+
+def storage_error(exc: Exception, path) -> StorageError:
+    """A SQLite driver error as a StorageError whose message says what to do."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    text = str(exc).lower()
+    if primary == _FULL or "database or disk is full" in text:
+        advice = "the disk (or the database's page limit) is full: free disk space, then retry"
+    elif primary == _READONLY or "readonly" in text or "read-only" in text:
+        advice = "the file is read-only: check its permissions and the mount, or point memory_db_path at a writable place"
+    elif primary in (_CORRUPT, _NOTADB) or "malformed" in text or "not a database" in text:
+        advice = ("the file is damaged or not a TinyContext database: restore a backup (`tinycontext backup` makes them) "
+                  "or point memory_db_path at a new file")
+    elif primary in (_BUSY, _LOCKED) or "locked" in text or "busy" in text:
+        advice = "another process held its lock longer than the timeout: retry"
+    elif primary == _IOERR or "i/o error" in text:
+        advice = "the disk or file system reported an I/O error: check it, then retry"
+    elif primary == _CANTOPEN or "unable to open" in text:
+        advice = "the file cannot be opened: check the path and its permissions"
+    else:
+        advice = "run `tinycontext doctor` to check the database"
+    return StorageError(f"Database {path}: {exc} — {advice}. Nothing from this call was saved.",
+                        sqlite_error=getattr(exc, "sqlite_errorname", None) or type(exc).__name__)
+
+
+def typed_storage_errors(cls):
+    """Class decorator: SQLite errors escaping a public method of ``cls`` (which has ``store``)
+    become StorageError, also those from code that reads the connection directly."""
+    for name, method in list(vars(cls).items()):
+        if name.startswith("_") or not callable(method):
+            continue
+
+        def wrap(method):
+            @functools.wraps(method)
+            def translated(self, *args, **kwargs):
+                try:
+                    return method(self, *args, **kwargs)
+                except self.store.driver.Error as exc:
+                    raise storage_error(exc, self.store.path) from exc
+            return translated
+
+        setattr(cls, name, wrap(method))
+    return cls
 
 
 def _split_sql(script: str) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Iterator
 from starlette.types import ASGIApp
 
 from ..config import TinyContextConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, MissingExtraError
 from .guard import TRANSPORTS, ServeSettings, is_loopback, protect
 
 __all__ = ["TRANSPORTS", "ServeSettings", "background", "mcp_app", "rest_app", "serve"]
@@ -46,7 +46,10 @@ def mcp_app(settings: ServeSettings, config: TinyContextConfig | None = None) ->
 
 
 def rest_app(settings: ServeSettings, config: TinyContextConfig | None = None) -> ASGIApp:
-    from .fastapi_server import create_app
+    try:
+        from .fastapi_server import create_app
+    except ImportError as exc:
+        raise MissingExtraError(f"The REST API needs FastAPI ({exc.name} is missing): pip install 'tinycontext[http]'.") from exc
 
     return create_app(config, settings=settings)
 
