@@ -149,6 +149,23 @@ def test_rerank_speaker_boost_neighbours_and_episodes():
     assert [c.id for c in ranked] == [3, 1, 2]
 
 
+def test_neighbour_joins_only_when_expanding():
+    info = {1: (10, "Ana"), 2: (10, "Ben"), 5: (20, "Ben")}
+    args = dict(query="q", episode_hits=[], dense_hits=[], episode_weight=0.0, neighbour_weight=0.5, speaker_boost=0.0)
+    assert [c.id for c in rerank([Candidate(1, rrf=0.1)], info, **args)] == [1]
+    joined = rerank([Candidate(1, rrf=0.1)], info, expand=True, **args)
+    assert [(c.id, c.rrf) for c in joined] == [(1, 0.1), (2, pytest.approx(0.05))] and joined[1].bm25_rank is None
+
+
+def test_recall_adds_the_answer_after_a_question_unless_filtered(hash_engine):
+    ids = hash_engine.save([{"content": "Which city did you move to?", "speaker": "Ben", "tags": ["q"]},
+                            {"content": "Lisbon, last spring.", "speaker": "Ana"}], session_id="chat")["ids"]
+    found = [m["id"] for m in hash_engine.recall("which city did you move to", session_id="chat", dense_weight=0.0)["memories"]]
+    assert found == ids
+    filtered = hash_engine.recall("which city did you move to", session_id="chat", dense_weight=0.0, tags=["q"])["memories"]
+    assert [m["id"] for m in filtered] == ids[:1]
+
+
 def test_plain_memories_rank_as_before(config):
     notes = ["The deploy key rotates every 90 days.", "Standup is at 09:30 in room Ada.", "Water the ficus on Sundays.",
              "The deploy runbook lives in the wiki."]
