@@ -30,7 +30,7 @@ import bench_locomo
 from bench_engine import UNLIMITED, ingest_locomo, new_engine
 
 KNOBS = ("episode_weight", "neighbour_weight", "speaker_boost")
-GRID = {"episode_weight": (0.0, 0.1, 0.2, 0.3), "neighbour_weight": (0.0, 0.3, 0.4, 0.5), "speaker_boost": (0.0, 0.5, 1.0)}
+GRID = {"episode_weight": (0.0, 0.2, 0.3), "neighbour_weight": (0.0, 0.3, 0.5), "speaker_boost": (0.0, 0.5, 1.0)}
 
 
 def evidence(conv: dict, dia_to_id: dict[str, str]) -> dict[str, tuple[int, set[str]]]:
