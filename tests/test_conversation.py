@@ -105,9 +105,10 @@ def test_explicit_episode_spans_calls(hash_engine):
 def test_date_words_speaker_and_captions_are_searchable(hash_engine):
     hash_engine.save(CHAT_1, session_id="chat")
     hash_engine.save(CHAT_2, session_id="chat")
-    by_date = hash_engine.recall("June 2023", dense_weight=0.0)["memories"]
+    plain_ranking = {"dense_weight": 0.0, "episode_weight": 0.0, "neighbour_weight": 0.0}  # BM25 alone
+    by_date = hash_engine.recall("June 2023", **plain_ranking)["memories"]
     assert [m["occurred_at"] for m in by_date[:2]] == ["2023-06-20"] * 2 and len(by_date) == 5
-    by_caption = hash_engine.recall("photo grass", dense_weight=0.0)["memories"]
+    by_caption = hash_engine.recall("photo grass", **plain_ranking)["memories"]
     assert by_caption[0]["content"] == "A beagle, she loves the park."
 
 
