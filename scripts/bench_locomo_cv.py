@@ -68,11 +68,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--budget", type=int, default=300, help="token budget for evidence recall as the agent receives it")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the CIs")
     parser.add_argument("--json", type=Path, help="write all figures here")
-    parser.add_argument("--no-grid", action="store_true", help="defaults and plain only")
+    parser.add_argument("--grid", type=json.loads, default=GRID, help=f"JSON: values per setting (default {json.dumps(GRID)}); {{}}: defaults and plain only")
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     convs = bench_locomo.load()
-    grid = [dict(zip(KNOBS, values)) for values in itertools.product(*(GRID[k] for k in KNOBS))] if not args.no_grid else []
+    grid = [dict(zip(KNOBS, values)) for values in itertools.product(*(args.grid[k] for k in KNOBS))] if args.grid else []
     names = ["plain", "default", *(json.dumps(g) for g in grid)]
     rows: list[dict] = []  # one per question: conv, category, then R@5/R@10 per setting, budget recall
     for conv in tqdm(convs, desc="conversations", unit="conv"):
