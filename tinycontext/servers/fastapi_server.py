@@ -22,6 +22,7 @@ from .. import __version__
 from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import TinyContextError
+from .health import health_report
 from .http import CORS_HEADERS, Guard, ServeSettings
 
 log = logging.getLogger(__name__)
@@ -217,9 +218,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
 
     @app.get("/health", response_model=Health, summary="Liveness, and whether the engine can open")
     def health() -> dict:
-        stats = engines().stats()
-        return {"status": "ok", "version": __version__, "memories": stats["memories"], "sessions": stats["sessions"],
-                "embedder": (stats["embedder"] or {}).get("model")}
+        return health_report(engines())
 
     @app.post("/save_memories", response_model=SaveResponse, summary="Save memories into a session")
     def save_memories(body: SaveRequest) -> dict:

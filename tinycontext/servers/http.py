@@ -12,10 +12,12 @@ import hmac
 import ipaddress
 import json
 import os
+import signal
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator, Literal, Mapping
 
 from starlette.exceptions import HTTPException
@@ -26,9 +28,13 @@ from ..config import TinyContextConfig
 from ..errors import ConfigError
 
 TOKEN_ENV = "TINYCONTEXT_API_TOKEN"
+TOKEN_FILE_ENV = TOKEN_ENV + "_FILE"
 MIN_TOKEN_CHARS = 24
 MAX_BODY_BYTES = 2 * 1024 * 1024
 DEFAULT_PORT = 8765
+# Seconds a stopping server waits for open streams (an MCP client's SSE GET) before cancelling them;
+# under `docker stop`'s 10 s so the engines still close cleanly.
+SHUTDOWN_GRACE_S = 5
 Transport = Literal["stdio", "sse", "streamable-http"]
 TRANSPORTS: tuple[str, ...] = ("stdio", "sse", "streamable-http")
 # Headers a browser client needs for MCP over HTTP (session id and protocol version travel as headers).
@@ -45,8 +51,18 @@ def is_loopback(host: str) -> bool:
 
 
 def read_token(env: Mapping[str, str] | None = None) -> str | None:
-    """The API token from the environment, or None; a token too short to be safe is an error."""
-    token = (os.environ if env is None else env).get(TOKEN_ENV, "").strip()
+    """The API token from ``TINYCONTEXT_API_TOKEN``, else from the file ``TINYCONTEXT_API_TOKEN_FILE``
+    names (a Docker or compose secret), else None; a token too short to be safe is an error."""
+    env = os.environ if env is None else env
+    token = env.get(TOKEN_ENV, "").strip()
+    if not token and env.get(TOKEN_FILE_ENV, "").strip():
+        path = env[TOKEN_FILE_ENV].strip()
+        try:
+            token = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"Cannot read the token file {TOKEN_FILE_ENV}={path}: {exc}.") from exc
+        if not token:
+            raise ConfigError(f"The token file {TOKEN_FILE_ENV}={path} is empty.")
     if not token:
         return None
     if len(token) < MIN_TOKEN_CHARS:
@@ -93,7 +109,8 @@ class ServeSettings:
         """Refuse to listen beyond loopback without a token: the memories would be open to the network."""
         if self.transport != "stdio" and not is_loopback(self.host) and not self.token:
             raise ConfigError(f"Refusing to listen on {self.host} without authentication: set {TOKEN_ENV} "
-                              f"(at least {MIN_TOKEN_CHARS} characters) or bind 127.0.0.1.")
+                              f"(at least {MIN_TOKEN_CHARS} characters, e.g. from `python -c 'import secrets; "
+                              f"print(secrets.token_urlsafe(32))'`) or {TOKEN_FILE_ENV}, or bind 127.0.0.1.")
 
 
 class Guard:
@@ -199,10 +216,14 @@ def mcp_app(settings: ServeSettings, config: TinyContextConfig | None = None) ->
     """The MCP server (the same tools as stdio) as an ASGI app for ``settings.transport``."""
     from mcp.server.transport_security import TransportSecuritySettings
 
+    from ..config import load_config
+    from .health import add_health_route
     from .mcp_server import build_server
 
+    config = config or load_config()
     server = build_server(config)
     server.settings.max_request_body_size = settings.max_body_bytes
+    add_health_route(server, config)
     if is_loopback(settings.host):
         # The SDK's DNS-rebinding check: keep its loopback defaults and admit the configured browser origins.
         security = server.settings.transport_security or TransportSecuritySettings(
@@ -249,17 +270,51 @@ def background(app: ASGIApp, *, host: str = "127.0.0.1", port: int = 0, timeout:
 
 
 def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, rest: bool = False, log_level: str = "warning") -> None:
-    """Run until interrupted: MCP over ``settings.transport`` (sse or streamable-http) or, with
-    ``rest``, the REST app. The stdio transport is the ``tinycontext mcp`` command's job."""
+    """Run until SIGINT/SIGTERM: MCP over ``settings.transport`` (sse or streamable-http) or, with
+    ``rest``, the REST app. The stdio transport is the ``tinycontext mcp`` command's job.
+
+    The engine opens before the port does, so a bad database, model or volume stops the server with
+    its error instead of a listener that fails every call. On a stop signal uvicorn stops accepting,
+    lets requests in flight finish (streams still open after ``SHUTDOWN_GRACE_S`` are cancelled),
+    then the engines close, which checkpoints the WAL into the database file."""
     import sys
 
     import uvicorn
 
+    from ..config import load_config
+    from ..engine import close_engines, get_engine
+
     settings.check_bind()
     if settings.transport == "stdio" and not rest:
         raise ConfigError("The stdio transport is not a network server: run `tinycontext mcp`.")
-    app = rest_app(settings, config) if rest else mcp_app(settings, config)
-    what = "REST API (docs at /docs)" if rest else f"MCP over {settings.transport} at /{'sse' if settings.transport == 'sse' else 'mcp'}"
-    auth = "bearer token required" if settings.token else "no token (loopback only)"
-    print(f"TinyContext {what} on http://{settings.host}:{settings.port}; {auth}. Ctrl-C to stop.", file=sys.stderr)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, server_header=False)
+    config = config or load_config()
+    try:
+        get_engine(config)
+        app = rest_app(settings, config) if rest else mcp_app(settings, config)
+        what = "REST API (docs at /docs)" if rest else f"MCP over {settings.transport} at /{'sse' if settings.transport == 'sse' else 'mcp'}"
+        auth = "bearer token required" if settings.token else "no token (loopback only)"
+        print(f"TinyContext {what} on http://{settings.host}:{settings.port}; {auth}. Ctrl-C to stop.", file=sys.stderr)
+        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                                               server_header=False, timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+        with _sigterm_returns():
+            try:
+                server.run()
+            except SystemExit as exc:  # uvicorn exits this way when it cannot start, after logging why
+                raise ConfigError(f"The server could not start on {settings.host}:{settings.port} (see the error above). "
+                                  "If the port is in use, stop the other server or set MCP_PORT.") from exc
+    finally:
+        close_engines()
+
+
+@contextmanager
+def _sigterm_returns() -> Iterator[None]:
+    """After its graceful shutdown uvicorn raises the stop signal again; SIGTERM's default action would
+    end the process before the engines close, so here it is ignored and ``serve`` returns normally."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread handles signals
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
