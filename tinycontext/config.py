@@ -64,6 +64,8 @@ class TinyContextConfig(BaseModel):
     max_batch_size: int = Field(1000, ge=1)
     # Vectors held in RAM for fast exact dense search (0: always query sqlite-vec); bigger sessions use sqlite-vec.
     vector_cache_max: int = Field(200_000, ge=0)
+    # SSRF guard: let web fetches reach loopback/private/link-local hosts (local test servers, intranets).
+    allow_private_hosts: bool = False
 
     @field_validator("memory_db_path", "models_dir", mode="after")
     @classmethod

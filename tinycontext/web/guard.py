@@ -1,0 +1,278 @@
+"""SSRF guard: which URLs an outbound fetch may reach, and an httpx transport that enforces it.
+
+One decision serves every fetcher. :func:`decide` validates the URL (http/https only), resolves the
+host and classifies every address it resolves to; a URL is allowed only when all of them are public
+(or ``allow_private_hosts`` is set). The decision carries the checked addresses, and
+:class:`GuardedTransport` connects to exactly one of them while keeping the original Host header
+and TLS server name, so nothing can re-resolve the name between the check and the connect (DNS
+rebinding). A browser request interceptor calls :func:`decide` (or :meth:`Guard.adecide`) per
+request; it cannot pin, so it should also refuse what the browser resolves differently.
+
+Hosts are parsed the way browsers do (WHATWG URL): a host whose last label is a number is an IPv4
+address in any legacy notation (``2130706433``, ``0177.0.0.1``, ``0x7f000001``, ``127.1``);
+``localhost`` and ``*.localhost`` (trailing dots ignored) are loopback without asking DNS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Callable
+from urllib.parse import urlsplit
+
+import httpx
+
+from ..errors import TinyContextError
+
+ALLOWED_SCHEMES = ("http", "https")
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+Resolver = Callable[[str, int], list[str]]
+
+_HEX = re.compile(r"^0x[0-9a-f]*$")
+_OCT = re.compile(r"^0[0-7]*$")
+_DEC = re.compile(r"^[0-9]+$")
+_MAX_HOST = 253
+
+
+class BlockedURLError(TinyContextError):
+    """An outbound request the SSRF guard refused; ``details['reason']`` says why."""
+
+    code = "blocked"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether a URL may be fetched. ``reason`` is ``"ok"`` or a stable refusal code:
+
+    ``invalid_url``, ``scheme_not_allowed``, ``unresolvable``, or the class of the first non-public
+    address: ``loopback``, ``private``, ``link_local``, ``multicast``, ``reserved``, ``unspecified``,
+    ``not_global``. ``addresses`` are the checked addresses (connect only to these).
+    """
+
+    allowed: bool
+    reason: str
+    url: str
+    host: str | None = None
+    port: int | None = None
+    addresses: tuple[str, ...] = field(default_factory=tuple)
+    detail: str = ""
+
+    def error(self) -> BlockedURLError:
+        return BlockedURLError(f"{self.url!r} refused: {self.detail or self.reason}", reason=self.reason, url=self.url)
+
+
+def _number(part: str) -> int | None:
+    part = part.lower()
+    if _HEX.match(part):
+        return int(part[2:] or "0", 16)
+    if len(part) > 1 and part.startswith("0"):
+        return int(part, 8) if _OCT.match(part) else None
+    if _DEC.match(part):
+        return int(part)
+    return None
+
+
+def parse_ipv4_legacy(host: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a browser reads in ``host`` (WHATWG "ends in a number"), else None.
+
+    Raises ValueError when the host ends in a number but is not a valid address (``1.2.3.4.5``,
+    ``256.1.1.1``, ``08.1.1.1``): such a host is neither a name nor an address, so it is refused.
+    """
+    parts = host.split(".")
+    if parts and parts[-1] == "":
+        parts.pop()
+    if not parts or not (_DEC.match(parts[-1]) or _HEX.match(parts[-1].lower())):
+        return None
+    numbers = [_number(p) for p in parts]
+    if len(parts) > 4 or any(n is None for n in numbers):
+        raise ValueError(f"{host!r} is not a valid IPv4 address")
+    *head, last = numbers
+    if any(n > 255 for n in head) or last >= 256 ** (5 - len(parts)):
+        raise ValueError(f"{host!r} is not a valid IPv4 address")
+    value = last
+    for i, n in enumerate(head):
+        value += n << (8 * (3 - i))
+    return ipaddress.IPv4Address(value)
+
+
+def normalise_host(host: str) -> str:
+    """Lower case, no trailing dots, IPv6 brackets removed."""
+    return host.strip().strip("[]").rstrip(".").lower()
+
+
+def _unwrap(ip: IPAddress) -> tuple[IPAddress, ...]:
+    """The addresses to judge: an IPv6 address that only carries an IPv4 one (mapped, compatible,
+    NAT64) is that IPv4 address; a tunnel address (6to4, Teredo) is judged with its IPv4 endpoint."""
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return (ip,)
+    packed = ip.packed
+    if ip.ipv4_mapped is not None:
+        return (ip.ipv4_mapped,)
+    if packed[:12] == bytes(12) and int(ip) > 1:  # deprecated IPv4-compatible ::a.b.c.d
+        return (ipaddress.IPv4Address(packed[12:]),)
+    if ip in _NAT64:
+        return (ipaddress.IPv4Address(packed[12:]),)
+    if ip.sixtofour is not None:
+        return (ip.sixtofour, ip)
+    if ip.teredo is not None:
+        return (ip.teredo[1], ip)
+    return (ip,)
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_CGNAT = ipaddress.ip_network("100.64.0.0/10")
+
+
+def classify(address: str | IPAddress) -> str:
+    """``"public"`` or the class of a non-public address (see :class:`Decision`)."""
+    ip = ipaddress.ip_address(address) if isinstance(address, str) else address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id:
+        ip = ipaddress.IPv6Address(str(ip).split("%")[0])
+    for candidate in _unwrap(ip):
+        if candidate.is_unspecified:
+            return "unspecified"
+        if candidate.is_loopback:
+            return "loopback"
+        if candidate.is_link_local:
+            return "link_local"
+        if candidate.is_multicast:
+            return "multicast"
+        if candidate.is_reserved:
+            return "reserved"
+        if candidate.is_private or (isinstance(candidate, ipaddress.IPv4Address) and candidate in _CGNAT):
+            return "private"
+        if not candidate.is_global:
+            return "not_global"
+    return "public"
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    """Every address the system resolver gives for ``host`` (raises OSError when it gives none)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(info[4][0] for info in infos))
+
+
+class Guard:
+    """The SSRF policy: ``allow_private_hosts`` and the resolver to use (tests inject one)."""
+
+    def __init__(self, *, allow_private_hosts: bool = False, resolver: Resolver | None = None):
+        self.allow_private_hosts = allow_private_hosts
+        self.resolver = resolver or system_resolver
+
+    def _parse(self, url: str) -> Decision | tuple[str, int, list[IPAddress] | None]:
+        """A refusal, or (host, port, literal addresses or None when the host is a name)."""
+        if not isinstance(url, str) or not url.strip():
+            return Decision(False, "invalid_url", str(url), detail="empty URL")
+        try:
+            parts = urlsplit(url.strip())
+            scheme = parts.scheme.lower()
+            raw_host = parts.hostname or ""
+            port = parts.port
+        except ValueError as exc:
+            return Decision(False, "invalid_url", url, detail=str(exc))
+        if scheme not in ALLOWED_SCHEMES:
+            return Decision(False, "scheme_not_allowed", url, detail=f"scheme {scheme or '(none)'!r} is not http(s)")
+        host = normalise_host(raw_host)
+        if not host or len(host) > _MAX_HOST or any(c in host for c in " \t\r\n\x00/\\@"):
+            return Decision(False, "invalid_url", url, detail="missing or malformed host")
+        port = port or (443 if scheme == "https" else 80)
+        if host == "localhost" or host.endswith(".localhost"):
+            return host, port, [ipaddress.IPv4Address("127.0.0.1")]  # RFC 6761: never ask DNS
+        try:
+            literal: IPAddress | None = ipaddress.ip_address(host)
+        except ValueError:
+            try:
+                literal = parse_ipv4_legacy(host)
+            except ValueError as exc:
+                return Decision(False, "invalid_url", url, host, port, detail=str(exc))
+        return host, port, None if literal is None else [literal]
+
+    def _judge(self, url: str, host: str, port: int, addresses: list[IPAddress]) -> Decision:
+        if not addresses:
+            return Decision(False, "unresolvable", url, host, port, detail=f"{host} resolves to no address")
+        pinned = tuple(str(a) for a in addresses)
+        if not self.allow_private_hosts:
+            for address in addresses:
+                kind = classify(address)
+                if kind != "public":
+                    return Decision(False, kind, url, host, port, pinned, detail=f"{host} resolves to {kind} address {address}")
+        return Decision(True, "ok", url, host, port, pinned)
+
+    def check(self, url: str) -> Decision | None:
+        """The decision when it needs no resolution (bad URL, literal address, localhost), else None."""
+        parsed = self._parse(url)
+        if isinstance(parsed, Decision):
+            return parsed
+        host, port, literal = parsed
+        return None if literal is None else self._judge(url, host, port, literal)
+
+    def _resolved(self, url: str, host: str, port: int, found: list[str] | Exception) -> Decision:
+        if isinstance(found, Exception):
+            return Decision(False, "unresolvable", url, host, port, detail=f"cannot resolve {host}: {found}")
+        try:
+            addresses = [ipaddress.ip_address(a.split("%")[0]) for a in found]
+        except ValueError as exc:
+            return Decision(False, "unresolvable", url, host, port, detail=f"resolver gave a bad address: {exc}")
+        return self._judge(url, host, port, addresses)
+
+    def decide(self, url: str) -> Decision:
+        """Validate, resolve and classify ``url`` (blocking DNS lookup)."""
+        early = self.check(url)
+        if early is not None:
+            return early
+        host, port, _ = self._parse(url)
+        try:
+            found: list[str] | Exception = self.resolver(host, port)
+        except (OSError, UnicodeError) as exc:
+            found = exc
+        return self._resolved(url, host, port, found)
+
+    async def adecide(self, url: str) -> Decision:
+        """:meth:`decide` with the DNS lookup in a worker thread."""
+        early = self.check(url)
+        if early is not None:
+            return early
+        host, port, _ = self._parse(url)
+        try:
+            found: list[str] | Exception = await asyncio.to_thread(self.resolver, host, port)
+        except (OSError, UnicodeError) as exc:
+            found = exc
+        return self._resolved(url, host, port, found)
+
+
+def decide(url: str, *, allow_private_hosts: bool = False, resolver: Resolver | None = None) -> Decision:
+    """Module-level :meth:`Guard.decide` for callers without a :class:`Guard`."""
+    return Guard(allow_private_hosts=allow_private_hosts, resolver=resolver).decide(url)
+
+
+class GuardedTransport(httpx.AsyncBaseTransport):
+    """An httpx transport that checks every request (each redirect hop too) and pins the address.
+
+    The request goes to the checked IP address; the Host header and the TLS server name (SNI and
+    certificate check) stay those of the URL, so virtual hosts and HTTPS work unchanged.
+    """
+
+    def __init__(self, guard: Guard, inner: httpx.AsyncBaseTransport | None = None):
+        self.guard = guard
+        self.inner = inner or httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        decision = await self.guard.adecide(str(request.url))
+        if not decision.allowed:
+            raise decision.error()
+        address = decision.addresses[0]
+        headers = request.headers.copy()
+        if "host" not in headers:
+            headers["Host"] = request.url.netloc.decode("ascii")
+        extensions = dict(request.extensions)
+        if request.url.scheme == "https":
+            extensions["sni_hostname"] = request.url.host
+        pinned = httpx.Request(request.method, request.url.copy_with(host=address), headers=headers,
+                               stream=request.stream, extensions=extensions)
+        return await self.inner.handle_async_request(pinned)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
