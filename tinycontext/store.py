@@ -171,10 +171,14 @@ class Store:
                 raise StorageError(f"Database {self.path} is busy ({exc}): another process held its write lock too long. Retry.") from exc
             try:
                 yield self.conn
-            except BaseException:
-                self.conn.execute("ROLLBACK")
+                self.conn.execute("COMMIT")
+            except BaseException as exc:
+                if self.conn.in_transaction:  # a failed COMMIT can leave it open, blocking every later write
+                    self.conn.execute("ROLLBACK")
+                if isinstance(exc, self.driver.OperationalError):  # disk full, read-only file, I/O error
+                    raise StorageError(f"Cannot write to database {self.path}: {exc}. Nothing from this call was saved; "
+                                       "free disk space or fix the file's permissions, then retry.") from exc
                 raise
-            self.conn.execute("COMMIT")
 
     def read(self, sql: str, params: Iterable = ()) -> list:
         with self.lock:

@@ -304,6 +304,7 @@ def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, r
                                   "If the port is in use, stop the other server or set MCP_PORT.") from exc
     finally:
         close_engines()
+    print("TinyContext stopped: requests finished, database checkpointed and closed.", file=sys.stderr)
 
 
 @contextmanager
