@@ -190,7 +190,9 @@ t0=$SECONDS
 mcp_id=$(container_of mcp)
 compose stop mcp >/dev/null 2>&1
 stop_s=$((SECONDS - t0))
-wait "$BURST" || true
+for _ in $(seq 60); do kill -0 "$BURST" 2>/dev/null || break; sleep 1; done
+kill "$BURST" 2>/dev/null || true  # only acknowledged saves count, and they are on file already
+wait "$BURST" 2>/dev/null || true
 code=$(command docker inspect -f '{{.State.ExitCode}}' "$mcp_id")
 acked=$(wc -l <"$WORK/acked.jsonl")
 command docker logs "$mcp_id" 2>&1 | grep -q "TinyContext stopped: requests finished, database checkpointed and closed" \

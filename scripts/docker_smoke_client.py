@@ -17,6 +17,7 @@ import json
 import statistics
 import sys
 import time
+from datetime import timedelta
 
 import anyio
 import httpx
@@ -43,7 +44,8 @@ async def with_session(url: str, token: str | None, work):
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with httpx.AsyncClient(headers=headers, timeout=60) as http:
         async with streamable_http_client(url, http_client=http) as (read, write, _):
-            async with ClientSession(read, write) as session:
+            # A call cut off by a stopping server must end, not wait for an answer forever.
+            async with ClientSession(read, write, read_timeout_seconds=timedelta(seconds=30)) as session:
                 await session.initialize()
                 return await work(session)
 
