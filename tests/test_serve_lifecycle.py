@@ -22,7 +22,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tinycontext.errors import ConfigError
 from tinycontext.servers import health
-from tinycontext.servers.http import ServeSettings, read_token
+from tinycontext.servers.guard import ServeSettings, read_token
 
 TOKEN = "lifecycle-test-token-" + "x" * 12
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -22,9 +22,10 @@ from .. import __version__
 from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import TinyContextError
+from ..filters import FilterSpec
 from ..render import MIN_AGENT_TOKENS, Detail
+from .guard import ServeSettings, protect
 from .health import health_report
-from .http import CORS_HEADERS, Guard, ServeSettings
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,9 @@ class _Request(BaseModel):
 
 
 class SaveRequest(_Request):
-    memories: list[MemoryInput] = Field(description="Memories to save: {content, tags?, metadata?} each (batch limit: max_batch_size).")
+    memories: list[MemoryInput] = Field(description="Memories to save: {content, tags?, metadata?, speaker?, occurred_at?, attachments?, episode?} each (batch limit: max_batch_size).")
     session_id: str | None = Field(None, description="Session to save into; 'default' when omitted.")
+    episode: str | None = Field(None, description="Episode key for memories that name none; one call's turns form one by default.")
 
 
 class RecallRequest(_Request):
@@ -54,6 +56,7 @@ class RecallRequest(_Request):
     top_k: int | None = Field(None, description="At most this many memories (1-1000).")
     tags: list[str] | None = Field(None, description="Keep only memories with any of these tags.")
     offset: int = Field(0, description="Skip this many ranked results (paging).")
+    filters: FilterSpec | None = Field(None, description="tags_any, tags_all, metadata equality, created_at/updated_at ranges.")
     detail: Detail = Field("compact", description="compact: id, rank, content, tags, date; full: every field and the scores.")
 
 
@@ -199,12 +202,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     engines = _Engines(config, engine)
     app = FastAPI(title="TinyContext", version=__version__, responses=ERRORS,
                   description="Token-light local memory for AI agents: the MCP tools over REST.")
-    app.add_middleware(Guard, token=settings.token, max_body_bytes=settings.max_body_bytes)
-    if settings.cors_origins:
-        from starlette.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=CORS_HEADERS)
+    protect(app, settings)
 
     @app.exception_handler(TinyContextError)
     async def engine_error(_request: Request, err: TinyContextError) -> JSONResponse:
@@ -229,13 +227,13 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
 
     @app.post("/save_memories", response_model=SaveResponse, summary="Save memories into a session")
     def save_memories(body: SaveRequest) -> dict:
-        return engines().save(body.memories, session_id=body.session_id)
+        return engines().save(body.memories, session_id=body.session_id, episode=body.episode)
 
     @app.post("/recall_memories", response_model=RecallResponse, summary="Recall the most relevant memories within a token budget")
     def recall_memories(body: RecallRequest) -> JSONResponse:
         # Sent as built: the body is exactly the JSON the budget counted (no model re-serialization).
         page = engines().recall_rendered(body.query, session_id=body.session_id, max_tokens=body.max_tokens, top_k=body.top_k,
-                                         tags=body.tags, offset=body.offset, detail=body.detail)
+                                         tags=body.tags, offset=body.offset, detail=body.detail, filters=body.filters)
         return JSONResponse(page.structured)
 
     @app.post("/update_memory", response_model=MemoryWithHistory, summary="Replace a memory's content, tags or metadata")

@@ -22,7 +22,7 @@ from .. import __version__
 from ..config import TinyContextConfig
 from ..engine import MemoryEngine, get_engine
 from ..errors import ConfigError, TinyContextError
-from .http import DEFAULT_PORT, read_token
+from .guard import DEFAULT_PORT, read_token
 
 if TYPE_CHECKING:
     from mcp.server.fastmcp import FastMCP

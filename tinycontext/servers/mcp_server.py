@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError
 from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import InvalidInputError, TinyContextError
+from ..filters import FilterSpec
 from ..render import DETAILS, MIN_AGENT_TOKENS, Page, memory_block
 
 log = logging.getLogger(__name__)
@@ -122,15 +123,19 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
             "that will make sense later without this conversation (e.g. 'User prefers pnpm over npm for JS "
             "projects'). Batch several facts in one call. Do not save chit-chat, temporary state, things easy to "
             "look up again, or secrets (passwords, API keys). Exact repeats are skipped; near-duplicates are "
-            "reported, in which case prefer update_memory on the existing id."
+            "reported, in which case prefer update_memory on the existing id. To keep a conversation, save each chat "
+            "session in one call, one turn per memory with speaker and occurred_at (and attachments: captions of "
+            "shared images); the call's turns form one episode."
         ),
         annotations=ToolAnnotations(title="Save memories", readOnlyHint=False, destructiveHint=False, openWorldHint=False),
     )
     async def save_memories(
-        memories: Annotated[list[MemoryInput], Field(description="Memories to save: {content, tags?, metadata?} each.")],
+        memories: Annotated[list[MemoryInput], Field(description="Memories to save: {content, tags?, metadata?, speaker?, "
+                                                                 "occurred_at?, attachments?, episode?} each.")],
         session_id: Session = None,
+        episode: Annotated[str | None, Field(description="Episode key for memories that name none (e.g. a thread id).")] = None,
     ) -> CallToolResult:
-        return await answer(lambda engine: engine.save(memories, session_id=session_id), render_save)
+        return await answer(lambda engine: engine.save(memories, session_id=session_id, episode=episode), render_save)
 
     @server.tool(
         description=(
@@ -151,9 +156,12 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
         offset: Annotated[int, Field(description="Skip this many ranked results (paging).")] = 0,
         detail: Annotated[Literal[DETAILS], Field(description="compact: id, rank, content, tags, date; full: also "
                                                    "session, metadata, version, timestamps, scores (fewer fit).")] = "compact",
+        filters: Annotated[FilterSpec | None, Field(description="Narrow the search: tags_any, tags_all, metadata equality, "
+                                                    "created_at/updated_at ranges ({gte, gt, lte, lt}).")] = None,
     ) -> CallToolResult:
         return await answer_page(lambda engine: engine.recall_rendered(
-            query, session_id=session_id, max_tokens=max_tokens, top_k=top_k, tags=tags, offset=offset, detail=detail))
+            query, session_id=session_id, max_tokens=max_tokens, top_k=top_k, tags=tags, offset=offset, detail=detail,
+            filters=filters))
 
     @server.tool(
         description=(
