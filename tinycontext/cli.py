@@ -261,6 +261,7 @@ def _update_args(parser):
     parser.add_argument("--tag", action="append", help="new tags, replacing the old ones (repeatable)")
     parser.add_argument("--clear-tags", action="store_true", help="remove all tags")
     parser.add_argument("--metadata", help="new metadata JSON object (replaces the old one)")
+    parser.add_argument("--expected-version", type=int, help="only update if the memory is still at this version (else: conflict)")
     add_json(parser)
 
 
@@ -271,7 +272,7 @@ def update(args):
     if args.content is None and tags is None and metadata is None:
         raise InvalidInputError("Nothing to update: give new text, --tag, --clear-tags or --metadata.")
     with open_engine(args) as engine:
-        memory = engine.update(args.id, args.content, tags=tags, metadata=metadata)
+        memory = engine.update(args.id, args.content, tags=tags, metadata=metadata, expected_version=args.expected_version)
     emit(args, memory, memory_block(memory))
 
 

@@ -75,11 +75,26 @@ class TinyContextConfig(BaseModel):
     vector_cache_max: int = Field(200_000, ge=0)
     # SSRF guard: let web fetches reach loopback/private/link-local hosts (local test servers, intranets).
     allow_private_hosts: bool = False
+    # Browser tools (tinycontext.web.browser): "off" removes them from the MCP tool list and the REST app.
+    browser_backend: Literal["chromium", "off"] = "chromium"
+    # A Chromium/Chrome binary; None: look for chromium, chromium-browser, google-chrome on PATH.
+    browser_executable_path: Path | None = None
+    # Drive a browser that is already running (ws:// or http:// DevTools endpoint) instead of launching one.
+    browser_cdp_url: str | None = None
+    browser_max_sessions: int = Field(4, ge=1, le=256)
+    # How long a new client waits for a free browser session before a browser_busy error.
+    browser_session_wait_seconds: float = Field(10.0, ge=0)
+    # A client's browser session (context, tabs, cookies) closes after this long unused.
+    browser_idle_seconds: float = Field(300.0, gt=0)
+    # Limit for one navigation or action (page load, wait_for).
+    browser_timeout_seconds: float = Field(15.0, gt=0)
+    # Default token budget of one browser view.
+    browser_max_tokens: int = Field(2000, ge=64, le=1_000_000)
 
-    @field_validator("memory_db_path", "models_dir", mode="after")
+    @field_validator("memory_db_path", "models_dir", "browser_executable_path", mode="after")
     @classmethod
-    def _expand(cls, value: Path) -> Path:
-        return value.expanduser()
+    def _expand(cls, value: Path | None) -> Path | None:
+        return value if value is None else value.expanduser()
 
 
 FIELDS = TinyContextConfig.model_fields

@@ -26,6 +26,7 @@ from .budget import TokenCounter, fit_budget
 from .config import TinyContextConfig
 from .embeddings import Embedder
 from .errors import (
+    ConflictError,
     EmptyMemoryError,
     InvalidInputError,
     MemoryNotFoundError,
@@ -479,24 +480,33 @@ class MemoryEngine:
         return memory
 
     def update(self, memory_id: int, content: str | None = None, *, tags: Sequence[str] | None = None,
-               metadata: dict | None = None) -> dict:
-        """Replace a memory's content/tags/metadata; the old version stays readable in its history."""
+               metadata: dict | None = None, expected_version: int | None = None) -> dict:
+        """Replace a memory's content/tags/metadata; the old version stays readable in its history.
+
+        Omitted fields keep their current value, read under the write lock, so a concurrent edit is
+        never reverted. ``expected_version``: refuse with ``conflict`` (changing nothing) unless the
+        memory is still at that version."""
         memory_id = _check_id(memory_id)
+        if expected_version is not None:
+            _check_int(expected_version, "expected_version", 1, 2**62)
+        # Validate and embed what was given before taking the lock (embedding is the slow part). Who
+        # said it, when, and what was shared never change on update, so reading them here is safe.
+        given = self._validate([{"content": "-" if content is None else content, "tags": [] if tags is None else tags,
+                                 "metadata": {} if metadata is None else metadata}])[0]
         current = self.get(memory_id, history=False)
-        new = self._validate([{
-            "content": current["content"] if content is None else content,
-            "tags": current["tags"] if tags is None else tags,
-            "metadata": current["metadata"] if metadata is None else metadata,
-        }])[0]
-        # Who said it, when, and what was shared stay; only the words change.
         facts = (current["speaker"], current["occurred_at"], current["attachments"])
-        indexed = conversation.embedding_text(new.content, *facts)
-        vector = self.embedder.embed_documents([indexed])[0] if new.content != current["content"] else None
-        tokens = self.tokens.count(conversation.display_text(new.content, facts[0], facts[2]))
+        vector = self.embedder.embed_documents([conversation.embedding_text(given.content, *facts)])[0] if content is not None else None
         with self.index.write() as conn:
-            row = conn.execute("SELECT version, content, tags, metadata, updated_at, created_at, session_id FROM memories WHERE id = ?", (memory_id,)).fetchone()
+            row = conn.execute("SELECT version, content, tags, metadata, updated_at, created_at, session_id FROM memories WHERE id = ?",
+                               (memory_id,)).fetchone()
             if row is None:
-                raise MemoryNotFoundError(f"No memory with id {memory_id}; it was deleted meanwhile.")
+                raise MemoryNotFoundError(f"No memory with id {memory_id}; it may have been deleted. Recall to find current ids.")
+            if expected_version is not None and row[0] != expected_version:
+                raise ConflictError(f"Memory {memory_id} is at version {row[0]}, not {expected_version}: it changed since you read it. "
+                                    "Get it again and re-apply your edit.", id=memory_id, version=row[0])
+            new_content = row[1] if content is None else given.content
+            new_tags = json.loads(row[2]) if tags is None else given.tags
+            new_metadata = json.loads(row[3]) if metadata is None else given.metadata
             stamp = now_iso()
             conn.execute(
                 "INSERT INTO memory_versions(memory_id, version, content, tags, metadata, created_at, superseded_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -504,13 +514,14 @@ class MemoryEngine:
             )
             conn.execute(
                 "UPDATE memories SET content = ?, tags = ?, metadata = ?, content_hash = ?, tokens = ?, updated_at = ?, version = ? WHERE id = ?",
-                (new.content, json.dumps(new.tags, ensure_ascii=False), json.dumps(new.metadata, ensure_ascii=False),
-                 _content_hash(indexed), tokens, stamp, row[0] + 1, memory_id),
+                (new_content, json.dumps(new_tags, ensure_ascii=False), json.dumps(new_metadata, ensure_ascii=False),
+                 _content_hash(conversation.embedding_text(new_content, *facts)),
+                 self.tokens.count(conversation.display_text(new_content, facts[0], facts[2])), stamp, row[0] + 1, memory_id),
             )
             conversation.index_episodes(conn, [e for (e,) in conn.execute("SELECT episode_id FROM memories WHERE id = ? AND episode_id IS NOT NULL", (memory_id,))])
             conn.execute("DELETE FROM memory_tags WHERE memory_id = ?", (memory_id,))
-            conn.executemany("INSERT INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(memory_id, t) for t in new.tags])
-            if vector is not None:
+            conn.executemany("INSERT INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(memory_id, t) for t in new_tags])
+            if vector is not None and new_content != row[1]:
                 conn.execute("UPDATE memory_vectors SET embedding = ? WHERE memory_id = ?", (vector.tobytes(), memory_id))
                 self.index.replace(row[6], memory_id, vector)
         return self.get(memory_id)
@@ -617,8 +628,8 @@ def get_memory(memory_id: int, *, config: TinyContextConfig | None = None) -> di
 
 
 def update_memory(memory_id: int, content: str | None = None, *, tags: Sequence[str] | None = None,
-                  metadata: dict | None = None, config: TinyContextConfig | None = None) -> dict:
-    return get_engine(config).update(memory_id, content, tags=tags, metadata=metadata)
+                  metadata: dict | None = None, expected_version: int | None = None, config: TinyContextConfig | None = None) -> dict:
+    return get_engine(config).update(memory_id, content, tags=tags, metadata=metadata, expected_version=expected_version)
 
 
 def delete_memory(memory_id: int, *, config: TinyContextConfig | None = None) -> dict:

@@ -24,6 +24,7 @@ from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import TinyContextError
 from ..filters import FilterSpec
 from ..render import MIN_AGENT_TOKENS, Detail
+from ..web.browser.tools import router as browser_router
 from .guard import ServeSettings, protect
 from .health import health_report
 
@@ -31,9 +32,10 @@ log = logging.getLogger(__name__)
 
 STATUS = {
     "invalid_input": 400, "empty_memory": 400, "recall_budget": 400,
-    "session_not_found": 404, "memory_not_found": 404,
+    "session_not_found": 404, "memory_not_found": 404, "conflict": 409,
     # The server cannot work until its operator fixes the model, config or disk: not the client's fault.
     "model_unavailable": 503, "model_mismatch": 503, "config_error": 503, "storage_error": 503, "missing_extra": 503,
+    "blocked": 403, "browser_busy": 503, "browser_error": 502,
 }
 HTTP_CODES = {400: "invalid_input", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
@@ -68,6 +70,7 @@ class UpdateRequest(IdRequest):
     content: str | None = Field(None, description="New text; unchanged when omitted.")
     tags: list[str] | None = Field(None, description="New tags (replace the old ones).")
     metadata: dict[str, Any] | None = Field(None, description="New metadata (replaces the old one).")
+    expected_version: int | None = Field(None, description="Only update if still at this version; else 409 conflict.")
 
 
 class Saved(BaseModel):
@@ -164,7 +167,7 @@ class ErrorBody(BaseModel):
     details: dict[str, Any] | None = None
 
 
-ERRORS = {status: {"model": ErrorBody} for status in (400, 401, 404, 413, 422, 500, 503)}
+ERRORS = {status: {"model": ErrorBody} for status in (400, 401, 403, 404, 409, 413, 421, 422, 500, 503)}
 
 
 class _Engines:
@@ -238,7 +241,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
 
     @app.post("/update_memory", response_model=MemoryWithHistory, summary="Replace a memory's content, tags or metadata")
     def update_memory(body: UpdateRequest) -> dict:
-        return engines().update(body.id, body.content, tags=body.tags, metadata=body.metadata)
+        return engines().update(body.id, body.content, tags=body.tags, metadata=body.metadata, expected_version=body.expected_version)
 
     @app.post("/delete_memory", response_model=DeleteResponse, summary="Delete a memory and its history")
     def delete_memory(body: IdRequest) -> dict:
@@ -248,6 +251,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     def get_memory(body: IdRequest) -> dict:
         return engines().get(body.id)
 
+    app.include_router(browser_router(config))
     return app
 
 

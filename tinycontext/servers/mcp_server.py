@@ -25,6 +25,7 @@ from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import InvalidInputError, TinyContextError
 from ..filters import FilterSpec
 from ..render import DETAILS, MIN_AGENT_TOKENS, Page, memory_block
+from ..web.browser.tools import register as register_browser
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +177,11 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
         content: Annotated[str | None, Field(description="New text of the memory.")] = None,
         tags: Annotated[list[str] | None, Field(description="New tags (replace the old ones).")] = None,
         metadata: Annotated[dict[str, Any] | None, Field(description="New metadata object (replaces the old one).")] = None,
+        expected_version: Annotated[int | None, Field(description="Only update if the memory is still at this version "
+                                                      "(from get_memory); otherwise a conflict error and nothing changes.")] = None,
     ) -> CallToolResult:
-        return await answer(lambda engine: engine.update(id, content, tags=tags, metadata=metadata), memory_block)
+        return await answer(lambda engine: engine.update(id, content, tags=tags, metadata=metadata, expected_version=expected_version),
+                            memory_block)
 
     @server.tool(
         description="Delete a memory that is wrong or that the user asked you to forget. Permanent, history included.",
@@ -193,4 +197,5 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
     async def get_memory(id: MemoryId) -> CallToolResult:
         return await answer(lambda engine: engine.get(id), memory_block)
 
+    register_browser(server, config)
     return server
