@@ -22,3 +22,4 @@ def test_full_database_is_a_typed_error_and_recovers(hash_engine):
     store.read("PRAGMA max_page_count = 1073741823")
     new_id = hash_engine.save("room again")["ids"][0]
     assert hash_engine.get(new_id)["content"] == "room again" and new_id > max(kept)
+
