@@ -33,7 +33,8 @@ from .errors import (
     RecallBudgetError,
     SessionNotFoundError,
 )
-from .filters import Filters, parse_filters
+from . import browse
+from .filters import Filters, expiry, parse_filters
 from .model_hub import resolve_model
 from .render import Page, check_agent_budget, check_detail, recall_page
 from .retrieval import fts_query, fuse
@@ -69,6 +70,8 @@ class MemoryInput(BaseModel):
     speaker: str | None = Field(None, description="Who said it (a conversation turn).")
     attachments: list[str] = Field(default_factory=list, description="Text descriptions of what was shared with it, e.g. an image caption.")
     episode: str | None = Field(None, description="Episode key (chat session, thread); one save call's turns form one by default.")
+    expires_at: str | None = Field(None, description="ISO 8601 time after which the memory is deleted (optional).")
+    ttl_seconds: int | None = Field(None, description="Delete the memory this many seconds after saving (optional).")
 
 
 def _depth(value: Any, level: int = 0) -> int:
@@ -148,6 +151,7 @@ class MemoryEngine:
                 cache_size=self.config.embedding_cache_size,
                 query_prefix=self.config.dense_query_prefix,
                 document_prefix=self.config.dense_document_prefix,
+                threads=self.config.embedding_threads,
             )
         self.embedder = embedder
         self.tokens = TokenCounter(self.config.encoding_name)
@@ -160,7 +164,7 @@ class MemoryEngine:
         except BaseException:  # e.g. model_mismatch: do not leave the file open
             self.store.close()
             raise
-        self.index = VectorIndex(self.store, self.config.vector_cache_max)
+        self.index = VectorIndex(self.store, self.config.vector_cache_max, self.config.vector_quantized_max)
         self.progress = progress
 
     def close(self) -> None:
@@ -217,6 +221,7 @@ class MemoryEngine:
                 speaker=conversation.check_label(item.speaker, "speaker", conversation.MAX_SPEAKER_CHARS, where),
                 attachments=conversation.check_attachments(item.attachments, where),
                 episode=conversation.check_label(item.episode, "episode", conversation.MAX_EPISODE_CHARS, where),
+                expires_at=expiry(item.expires_at, item.ttl_seconds, where),
             ))
         return out
 
@@ -234,10 +239,12 @@ class MemoryEngine:
         saved: list[dict] = []
         skipped: list[dict] = []
         near: list[dict] = []
-        self.index.prepare(session)
+        check = self.config.dedup_mode != "off"
+        if check:
+            self.index.prepare(session)
         with self.index.write() as conn:
             # All stored neighbours in one matrix product (None: session too big for the copy, ask vec0).
-            neighbours = self.index.nearest(session, vectors)
+            neighbours = self.index.nearest(session, vectors) if check else [None] * len(items)
             created = now_iso()
             conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, created))
             batch_seen: dict[str, int] = {}
@@ -252,7 +259,9 @@ class MemoryEngine:
                     # Same text already in this session: saving it again would only waste recall tokens.
                     skipped.append({"index": i, "reason": "duplicate", "duplicate_of": existing[0] if existing else batch_seen[digest]})
                     continue
-                similar = _nearest(neighbours[i] if neighbours is not None else self._vec0_nearest(conn, session, vector), vector, batch_kept)
+                similar = None
+                if check:
+                    similar = _nearest(neighbours[i] if neighbours is not None else self._vec0_nearest(conn, session, vector), vector, batch_kept)
                 if similar and similar[1] >= self.config.dedup_threshold:
                     report = {"index": i, "similar_to": similar[0], "similarity": round(similar[1], 4)}
                     if self.config.dedup_mode == "skip":
@@ -265,12 +274,12 @@ class MemoryEngine:
                     episodes[key] = conn.execute("SELECT id FROM episodes WHERE session_id = ? AND key = ?", (session, key)).fetchone()[0]
                 cursor = conn.execute(
                     "INSERT INTO memories(session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
-                    " occurred_at, speaker, attachments, context, episode_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?)",
+                    " occurred_at, speaker, attachments, context, episode_id, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)",
                     (session, item.content, json.dumps(item.tags, ensure_ascii=False), json.dumps(item.metadata, ensure_ascii=False),
                      digest, tokens[i], created, created, item.occurred_at, item.speaker,
                      json.dumps(item.attachments, ensure_ascii=False),
                      conversation.search_context(item.speaker, item.occurred_at, item.attachments),
-                     None if key is None else episodes[key]),
+                     None if key is None else episodes[key], item.expires_at),
                 )
                 mid = cursor.lastrowid
                 conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(mid, t) for t in item.tags])
@@ -367,6 +376,7 @@ class MemoryEngine:
         session = _check_session(session_id)
         tag_list = _normalise_tags([] if tags is None else tags, "tags")
         filters = parse_filters(filters)
+        browse.purge_expired(self)
         if session is not None and not self.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
             raise SessionNotFoundError(f"No session {session!r}. Save memories into it first, or recall without session_id to search all sessions.")
 
@@ -540,6 +550,19 @@ class MemoryEngine:
             if row[1] is not None:
                 conversation.index_episodes(conn, [row[1]])
         return {"id": memory_id, "deleted": True}
+
+    # -- browsing and housekeeping (tinycontext/browse.py) -------------------------------------------
+
+    def list_memories(self, **options) -> Page:
+        """A budgeted page of memories; see :func:`tinycontext.browse.list_memories`."""
+        return browse.list_memories(self, **options)
+
+    def list_sessions(self) -> dict:
+        return browse.list_sessions(self)
+
+    def delete_memories(self, **options) -> dict:
+        """Bulk delete by session/tags/filters after a dry run; see :func:`tinycontext.browse.delete_memories`."""
+        return browse.delete_memories(self, **options)
 
     def sessions(self) -> list[dict]:
         rows = self.store.read(

@@ -25,6 +25,7 @@ from ..errors import TinyContextError
 from ..filters import FilterSpec
 from ..render import MIN_AGENT_TOKENS, Detail
 from ..web.browser.tools import router as browser_router
+from . import browse
 from .guard import ServeSettings, protect
 from .health import health_report
 
@@ -252,6 +253,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
         return engines().get(body.id)
 
     app.include_router(browser_router(config))
+    app.include_router(browse.router(engines))
     return app
 
 

@@ -26,6 +26,7 @@ from ..errors import InvalidInputError, TinyContextError
 from ..filters import FilterSpec
 from ..render import DETAILS, MIN_AGENT_TOKENS, Page, memory_block
 from ..web.browser.tools import register as register_browser
+from . import browse
 
 log = logging.getLogger(__name__)
 
@@ -198,4 +199,5 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
         return await answer(lambda engine: engine.get(id), memory_block)
 
     register_browser(server, config)
+    browse.register(server, config)
     return server
