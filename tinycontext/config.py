@@ -54,6 +54,8 @@ class TinyContextConfig(BaseModel):
     recall_dense_weight: float = Field(0.5, ge=0.0, le=1.0)
     # k=10 beat the customary 60 on SciFact train (0.727 vs 0.718 nDCG@10) and LoCoMo (R@10 0.65 vs 0.60).
     recall_rrf_k: float = Field(10, gt=0)
+    # Rows BM25 may score per recall: the query's commonest words are dropped past it (0: no bound).
+    recall_fts_budget: int = Field(30_000, ge=0)
     # Conversations (tinycontext/conversation.py): a turn gains weight / (3 + its episode's rank), a
     # share of the score of the turn before/after it, and x(1 + boost) when the query names its speaker.
     # 0 turns a signal off. Chosen on LoCoMo dev with leave-one-conversation-out checks (notes/locomo.md).
