@@ -137,6 +137,8 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
             raise ConfigError(f"Cannot read config file {file}: {exc}. Fix the JSON or point {CONFIG_PATH_ENV} elsewhere.") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"Config file {file} must hold a JSON object of settings.")
+        # Not a setting: what produced the file (tinycontext-eval recommend records its scores there).
+        data.pop("provenance", None)
         for key in ("memory_db_path", "models_dir"):
             if isinstance(data.get(key), str) and not Path(data[key]).expanduser().is_absolute():
                 data[key] = str((file.parent / data[key]).resolve())
