@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Iterator
 
 from starlette.types import ASGIApp
@@ -29,7 +29,7 @@ def mcp_app(settings: ServeSettings, config: TinyContextConfig | None = None) ->
 
     from ..config import load_config
     from .health import add_health_route
-    from .mcp_server import build_server
+    from .mcp_server import build_server, warm_up
 
     config = config or load_config()
     server = build_server(config)
@@ -38,6 +38,17 @@ def mcp_app(settings: ServeSettings, config: TinyContextConfig | None = None) ->
     # The guard checks Host and Origin for both apps (one policy); the SDK's own check would be a second one.
     server.settings.transport_security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     app = server.sse_app() if settings.transport == "sse" else server.streamable_http_app()
+    # Open the engine (database and model) at server start, not in the first client's session, so
+    # the first call is as fast as the tenth. A failure is logged and reported by the first tool call.
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(started):
+        await warm_up(config)
+        async with inner(started) as state:
+            yield state
+
+    app.router.lifespan_context = lifespan
     protect(app, settings)
     return app
 
