@@ -367,17 +367,13 @@ def _serve_args(parser):
 
 @command("serve", "serve MCP over HTTP at /mcp, or --rest the REST API; beyond loopback it needs TINYCONTEXT_API_TOKEN", _serve_args)
 def serve(args):
-    from .engine import close_engines
     from .servers.http import ServeSettings
     from .servers.http import serve as run_server
 
     settings = ServeSettings.from_env(host=args.host, port=args.port, transport=args.transport)
     if settings.transport == "stdio" and not args.rest:
         return mcp(args)
-    try:
-        run_server(settings, config_of(args), rest=args.rest)
-    finally:
-        close_engines()
+    run_server(settings, config_of(args), rest=args.rest)
 
 
 def existing_store(args):

@@ -220,6 +220,11 @@ class Store:
             self.migrate(target_version)
         except self.driver.Error as exc:  # e.g. the path holds something that is not a database
             self.conn.close()
+            if str(path) != ":memory:" and not os.access(self.path.parent, os.W_OK):
+                raise StorageError(f"Cannot use database {path}: {exc}. Its folder is not writable (a read-only volume or mount?): "
+                                   "SQLite writes the database and its -wal and -shm files there.") from exc
+            if isinstance(exc, self.driver.OperationalError) and "full" in str(exc):
+                raise StorageError(f"Cannot use database {path}: {exc}. Free space on its disk or volume, then start again.") from exc
             raise StorageError(f"Cannot use database {path}: {exc}. Point memory_db_path at a TinyContext database or a new file.") from exc
         except BaseException:
             self.conn.close()

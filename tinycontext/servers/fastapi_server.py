@@ -27,6 +27,7 @@ from ..render import MIN_AGENT_TOKENS, Detail
 from ..web.browser.tools import router as browser_router
 from . import browse
 from .guard import ServeSettings, protect
+from .health import health_report
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +227,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
 
     @app.get("/health", response_model=Health, summary="Liveness, and whether the engine can open")
     def health() -> dict:
-        stats = engines().stats()
-        return {"status": "ok", "version": __version__, "memories": stats["memories"], "sessions": stats["sessions"],
-                "embedder": (stats["embedder"] or {}).get("model")}
+        return health_report(engines())
 
     @app.post("/save_memories", response_model=SaveResponse, summary="Save memories into a session")
     def save_memories(body: SaveRequest) -> dict:

@@ -21,6 +21,7 @@ import ipaddress
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Mapping
 from urllib.parse import urlsplit
 
@@ -31,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..errors import ConfigError
 
 TOKEN_ENV = "TINYCONTEXT_API_TOKEN"
+TOKEN_FILE_ENV = TOKEN_ENV + "_FILE"
 MIN_TOKEN_CHARS = 24
 MAX_BODY_BYTES = 2 * 1024 * 1024
 DEFAULT_PORT = 8765
@@ -53,8 +55,18 @@ def is_loopback(host: str) -> bool:
 
 
 def read_token(env: Mapping[str, str] | None = None) -> str | None:
-    """The API token from the environment, or None; a token too short to be safe is an error."""
-    token = (os.environ if env is None else env).get(TOKEN_ENV, "").strip()
+    """The API token from ``TINYCONTEXT_API_TOKEN``, else from the file ``TINYCONTEXT_API_TOKEN_FILE``
+    names (a Docker or compose secret), else None; a token too short to be safe is an error."""
+    env = os.environ if env is None else env
+    token = env.get(TOKEN_ENV, "").strip()
+    if not token and env.get(TOKEN_FILE_ENV, "").strip():
+        path = env[TOKEN_FILE_ENV].strip()
+        try:
+            token = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"Cannot read the token file {TOKEN_FILE_ENV}={path}: {exc}.") from exc
+        if not token:
+            raise ConfigError(f"The token file {TOKEN_FILE_ENV}={path} is empty.")
     if not token:
         return None
     if len(token) < MIN_TOKEN_CHARS:
@@ -109,7 +121,8 @@ class ServeSettings:
         """Refuse to listen beyond loopback without a token: the memories would be open to the network."""
         if self.transport != "stdio" and not is_loopback(self.host) and not self.token:
             raise ConfigError(f"Refusing to listen on {self.host} without authentication: set {TOKEN_ENV} "
-                              f"(at least {MIN_TOKEN_CHARS} characters) or bind 127.0.0.1.")
+                              f"(at least {MIN_TOKEN_CHARS} characters, e.g. from `python -c 'import secrets; "
+                              f"print(secrets.token_urlsafe(32))'`) or {TOKEN_FILE_ENV}, or bind 127.0.0.1.")
 
     @property
     def checks_host(self) -> bool:

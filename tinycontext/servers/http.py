@@ -4,6 +4,7 @@ guard of :mod:`tinycontext.servers.guard` (Host/Origin allow-list, bearer token,
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from contextlib import asynccontextmanager, contextmanager
@@ -17,16 +18,23 @@ from .guard import TRANSPORTS, ServeSettings, is_loopback, protect
 
 __all__ = ["TRANSPORTS", "ServeSettings", "background", "mcp_app", "rest_app", "serve"]
 
+# Seconds a stopping server waits for open streams (an MCP client's SSE GET) before cancelling them;
+# under `docker stop`'s 10 s so the engines still close cleanly.
+SHUTDOWN_GRACE_S = 5
+
 
 def mcp_app(settings: ServeSettings, config: TinyContextConfig | None = None) -> ASGIApp:
     """The MCP server (the same tools as stdio) as an ASGI app for ``settings.transport``."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     from ..config import load_config
+    from .health import add_health_route
     from .mcp_server import build_server, warm_up
 
+    config = config or load_config()
     server = build_server(config)
     server.settings.max_request_body_size = settings.max_body_bytes
+    add_health_route(server, config)
     # The guard checks Host and Origin for both apps (one policy); the SDK's own check would be a second one.
     server.settings.transport_security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     app = server.sse_app() if settings.transport == "sse" else server.streamable_http_app()
@@ -36,7 +44,7 @@ def mcp_app(settings: ServeSettings, config: TinyContextConfig | None = None) ->
 
     @asynccontextmanager
     async def lifespan(started):
-        await warm_up(config or load_config())
+        await warm_up(config)
         async with inner(started) as state:
             yield state
 
@@ -80,17 +88,52 @@ def background(app: ASGIApp, *, host: str = "127.0.0.1", port: int = 0, timeout:
 
 
 def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, rest: bool = False, log_level: str = "warning") -> None:
-    """Run until interrupted: MCP over ``settings.transport`` (sse or streamable-http) or, with
-    ``rest``, the REST app. The stdio transport is the ``tinycontext mcp`` command's job."""
+    """Run until SIGINT/SIGTERM: MCP over ``settings.transport`` (sse or streamable-http) or, with
+    ``rest``, the REST app. The stdio transport is the ``tinycontext mcp`` command's job.
+
+    The engine opens before the port does, so a bad database, model or volume stops the server with
+    its error instead of a listener that fails every call. On a stop signal uvicorn stops accepting,
+    lets requests in flight finish (streams still open after ``SHUTDOWN_GRACE_S`` are cancelled),
+    then the engines close, which checkpoints the WAL into the database file."""
     import sys
 
     import uvicorn
 
+    from ..config import load_config
+    from ..engine import close_engines, get_engine
+
     settings.check_bind()
     if settings.transport == "stdio" and not rest:
         raise ConfigError("The stdio transport is not a network server: run `tinycontext mcp`.")
-    app = rest_app(settings, config) if rest else mcp_app(settings, config)
-    what = "REST API (docs at /docs)" if rest else f"MCP over {settings.transport} at /{'sse' if settings.transport == 'sse' else 'mcp'}"
-    auth = "bearer token required" if settings.token else "no token (loopback only)"
-    print(f"TinyContext {what} on http://{settings.host}:{settings.port}; {auth}. Ctrl-C to stop.", file=sys.stderr)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, server_header=False)
+    config = config or load_config()
+    try:
+        get_engine(config)
+        app = rest_app(settings, config) if rest else mcp_app(settings, config)
+        what = "REST API (docs at /docs)" if rest else f"MCP over {settings.transport} at /{'sse' if settings.transport == 'sse' else 'mcp'}"
+        auth = "bearer token required" if settings.token else "no token (loopback only)"
+        print(f"TinyContext {what} on http://{settings.host}:{settings.port}; {auth}. Ctrl-C to stop.", file=sys.stderr)
+        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                                               server_header=False, timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+        with _sigterm_returns():
+            try:
+                server.run()
+            except SystemExit as exc:  # uvicorn exits this way when it cannot start, after logging why
+                raise ConfigError(f"The server could not start on {settings.host}:{settings.port} (see the error above). "
+                                  "If the port is in use, stop the other server or set MCP_PORT.") from exc
+    finally:
+        close_engines()
+    print("TinyContext stopped: requests finished, database checkpointed and closed.", file=sys.stderr)
+
+
+@contextmanager
+def _sigterm_returns() -> Iterator[None]:
+    """After its graceful shutdown uvicorn raises the stop signal again; SIGTERM's default action would
+    end the process before the engines close, so here it is ignored and ``serve`` returns normally."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread handles signals
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
