@@ -120,21 +120,23 @@ def _content_hash(text: str) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+def build_embedder(config: TinyContextConfig) -> Embedder:
+    """The embedder a configuration names (model, batch size, cache, prefixes)."""
+    return Embedder(
+        resolve_model(config.embedding_model, config.models_dir),
+        batch_size=config.embedding_batch_size,
+        cache_size=config.embedding_cache_size,
+        query_prefix=config.dense_query_prefix,
+        document_prefix=config.dense_document_prefix,
+    )
+
+
 class MemoryEngine:
     """An open memory database with its embedder. Thread-safe; close() when done."""
 
     def __init__(self, config: TinyContextConfig | None = None, *, embedder: Embedder | None = None, progress: bool = False):
         self.config = config or TinyContextConfig()
-        if embedder is None:
-            bundle = resolve_model(self.config.embedding_model, self.config.models_dir)
-            embedder = Embedder(
-                bundle,
-                batch_size=self.config.embedding_batch_size,
-                cache_size=self.config.embedding_cache_size,
-                query_prefix=self.config.dense_query_prefix,
-                document_prefix=self.config.dense_document_prefix,
-            )
-        self.embedder = embedder
+        self.embedder = embedder if embedder is not None else build_embedder(self.config)
         self.tokens = TokenCounter(self.config.encoding_name)
         self.store = Store(self.config.memory_db_path)
         try:
