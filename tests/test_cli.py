@@ -45,8 +45,8 @@ def test_subprocess_save_recall_and_errors(env):
 
     text = tc(env, "recall", "Which package manager does the user like?")
     assert text.returncode == 0, text.stderr
-    assert text.stdout.startswith(f"1. [#{pnpm} · session proj")
-    assert "The user prefers pnpm" in text.stdout and "tags: prefs" in text.stdout
+    assert text.stdout.startswith("- The user prefers pnpm as the JavaScript package manager. (")
+    assert f"tags: prefs; session proj; id {pnpm})" in text.stdout.splitlines()[0]
 
     bad = tc(env, "save", "x", "--metadata", "[1]")
     assert bad.returncode == 1 and bad.stdout == ""
@@ -61,7 +61,7 @@ def test_recall_json_and_usage(env, capsys):
     assert code == 0 and [m["content"] for m in recalled["memories"]] == ["The billing service uses PostgreSQL 16."]
     assert recalled["memories"][0]["tags"] == ["db", "team"]
     code, out, _ = run(capsys, "recall", "PostgreSQL", "--top-k", "1")
-    assert code == 0 and out.rstrip().endswith("more with --offset 1")
+    assert code == 0 and out.rstrip().endswith("(More: call again with offset=1.)")
 
     code, out, err = run(capsys, "save", "   ")
     assert (code, out) == (1, "") and err.startswith("empty_memory: ")
@@ -81,7 +81,7 @@ def test_get_update_delete(env, capsys):
     assert (updated["content"], updated["tags"], updated["metadata"], updated["version"]) == ("Lunch is at 12:30.", ["food"], {"by": "test"}, 2)
 
     code, out, _ = run(capsys, "get", str(memory_id))
-    assert code == 0 and "Lunch is at 12:30." in out and "was v1" in out and "Lunch is at noon." in out
+    assert code == 0 and "Lunch is at 12:30." in out and "v1 until" in out and "Lunch is at noon." in out
     code, out, _ = run(capsys, "update", str(memory_id), "--clear-tags", "--json")
     assert json.loads(out)["tags"] == [] and json.loads(out)["content"] == "Lunch is at 12:30."
 
@@ -117,7 +117,7 @@ def test_save_reads_json_list_from_stdin(env, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(payload)))
     code, out, _ = run(capsys, "save", "-", "--tag", "cli", "--metadata", '{"k": 0, "src": "pipe"}', "--json")
     assert code == 0 and len(json.loads(out)["ids"]) == 2
-    code, out, _ = run(capsys, "recall", "From a list", "--top-k", "1", "--json")
+    code, out, _ = run(capsys, "recall", "From a list", "--top-k", "1", "--json", "--detail", "full")
     first = json.loads(out)["memories"][0]
     assert first["tags"] == ["own", "cli"] and first["metadata"] == {"k": 1, "src": "pipe"}
 

@@ -27,7 +27,7 @@ def test_tools_round_trip(api):
         {"content": "Releases happen on Tuesdays"}]})
     assert saved.status_code == 200
     first, second = saved.json()["ids"]
-    recall = api.post("/recall_memories", json={"query": "which database for staging", "session_id": "proj"}).json()
+    recall = api.post("/recall_memories", json={"query": "which database for staging", "session_id": "proj", "detail": "full"}).json()
     assert recall["memories"][0]["id"] == first and recall["memories"][0]["metadata"] == {"source": "chat"}
     updated = api.post("/update_memory", json={"id": first, "content": "The staging database is Postgres 17"}).json()
     assert updated["version"] == 2 and updated["history"][0]["content"].endswith("16")

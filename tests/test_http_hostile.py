@@ -78,7 +78,8 @@ def _check(client: httpx.Client, response: httpx.Response, path: str, body) -> N
         assert set(data) >= {"code", "message"} and data["message"], data
         return
     if path == "/recall_memories" and isinstance(body, dict) and isinstance(body.get("session_id"), str):
-        assert {m["session_id"] for m in data["memories"]} <= {body["session_id"]}  # isolation
+        sessions = {client.post("/get_memory", json={"id": m["id"]}).json()["session_id"] for m in data["memories"]}
+        assert sessions <= {body["session_id"]}  # isolation
     if path == "/save_memories":
         sent = body["memories"]
         assert [sent[s["index"]]["content"].strip() for s in data["saved"]] == \

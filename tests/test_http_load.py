@@ -24,7 +24,7 @@ with httpx.Client(base_url=base, timeout=60) as client:
         saved = client.post("/save_memories", json={"session_id": f"c{me}", "memories": memories})
         saved.raise_for_status()
         acked += [[i, memories[s["index"]]["content"]] for i, s in zip(saved.json()["ids"], saved.json()["saved"])]
-        recall = client.post("/recall_memories", json={"query": "shared topic fact", "session_id": f"c{me}", "top_k": 20})
+        recall = client.post("/recall_memories", json={"query": "shared topic fact", "session_id": f"c{me}", "top_k": 20, "detail": "full"})
         recall.raise_for_status()
         leaks += sum(m["session_id"] != f"c{me}" for m in recall.json()["memories"])
 print(json.dumps({"acked": acked, "leaks": leaks}))

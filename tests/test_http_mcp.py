@@ -44,8 +44,8 @@ def test_same_tools_as_stdio_and_real_recall_over_http(mcp_config):
             {"content": "Code review needs two approvals before merging"}]})
         home = await session.call_tool("save_memories", {"session_id": "home", "memories": [
             {"content": "The cat is called Miso and eats at seven"}]})
-        recall = await session.call_tool("recall_memories", {"query": "where do we deploy?", "session_id": "work", "top_k": 5})
-        isolated = await session.call_tool("recall_memories", {"query": "what is the cat called", "session_id": "work"})
+        recall = await session.call_tool("recall_memories", {"query": "where do we deploy?", "session_id": "work", "top_k": 5, "detail": "full"})
+        isolated = await session.call_tool("recall_memories", {"query": "what is the cat called", "session_id": "work", "detail": "full"})
         missing = await session.call_tool("get_memory", {"id": 999_999})
         budget = await session.call_tool("recall_memories", {"query": "cat", "max_tokens": 0})
         return tools, work, home, recall, isolated, missing, budget

@@ -61,7 +61,7 @@ def test_tools_over_stdio(tmp_path):
         assert save_schema["$defs"]["MemoryInput"]["required"] == ["content"]
         recall_schema = tools["recall_memories"].inputSchema
         assert recall_schema["required"] == ["query"]
-        assert {"session_id", "max_tokens", "top_k", "tags", "offset"} <= set(recall_schema["properties"])
+        assert {"session_id", "max_tokens", "top_k", "tags", "offset", "detail"} <= set(recall_schema["properties"])
 
         # -- save: compact answer plus the full result as structured content
         facts = [
@@ -96,8 +96,8 @@ def test_tools_over_stdio(tmp_path):
         assert paged.structuredContent["memories"][0]["id"] == fly
         page2 = await session.call_tool("recall_memories", {"query": "deploys Fly.io", "top_k": 1, "offset": 1})
         assert page2.structuredContent["memories"][0]["id"] != fly
-        tight = await session.call_tool("recall_memories", {"query": "PostgreSQL billing", "max_tokens": 3})
-        assert tight.structuredContent["truncated"] and "raise max_tokens" in text(tight)
+        tight = await session.call_tool("recall_memories", {"query": "PostgreSQL billing pnpm deploys", "max_tokens": 64})
+        assert tight.structuredContent["truncated"] and len(tight.structuredContent["memories"]) == 1 and "offset=1" in text(tight)
 
         # -- update keeps history; get shows it
         updated = await session.call_tool("update_memory", {"id": postgres, "content": "The billing service uses PostgreSQL 17.", "tags": ["db"]})

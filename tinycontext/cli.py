@@ -20,6 +20,7 @@ from . import __version__
 from .config import TinyContextConfig, load_config
 from .engine import MemoryEngine
 from .errors import InvalidInputError, TinyContextError
+from .render import DETAILS, memory_block, to_json
 
 
 @dataclass(frozen=True)
@@ -106,16 +107,6 @@ def with_defaults(memory, tags: list[str], metadata: dict | None):
     return {**memory, "tags": [*memory.get("tags", []), *tags], "metadata": {**(metadata or {}), **memory.get("metadata", {})}}
 
 
-def render_memory(memory: dict) -> str:
-    meta = [f"#{memory['id']}", f"session {memory['session_id']}", f"v{memory['version']}", memory["updated_at"][:19]]
-    if memory["tags"]:
-        meta.append("tags: " + ", ".join(memory["tags"]))
-    lines = ["[" + " · ".join(meta) + "]", *("  " + line for line in memory["content"].splitlines())]
-    if memory["metadata"]:
-        lines.append("  metadata: " + json.dumps(memory["metadata"], ensure_ascii=False))
-    return "\n".join(lines)
-
-
 # -- commands -------------------------------------------------------------------------------
 
 
@@ -198,21 +189,17 @@ def _recall_args(parser):
     parser.add_argument("--top-k", type=int, help="at most this many memories")
     parser.add_argument("--tag", action="append", default=[], help="keep memories with any of these tags (repeatable)")
     parser.add_argument("--offset", type=int, default=0, help="skip this many ranked results (paging)")
-    add_json(parser)
+    parser.add_argument("--detail", choices=DETAILS, default="compact", help="compact (default) or full: also session, metadata, scores")
+    parser.add_argument("--json", action="store_true", help="print the structured answer (compact JSON, within --max-tokens)")
 
 
-@command("recall", "find the memories most relevant to a query, within a token budget", _recall_args)
+@command("recall", "find the memories most relevant to a query; the whole output fits --max-tokens", _recall_args)
 def recall(args):
     with open_engine(args) as engine:
-        result = engine.recall(args.query, session_id=args.session, max_tokens=args.max_tokens, top_k=args.top_k,
-                               tags=args.tag, offset=args.offset)
-    lines = [f"{m['rank']}. {render_memory(m)}" for m in result["memories"]] or ["No matching memories."]
-    footer = f"{len(result['memories'])} memories, {result['total_tokens']} of {result['max_tokens']} tokens"
-    if result["omitted"]:
-        footer += f"; {len(result['omitted'])} more did not fit (raise --max-tokens)"
-    if result["next_offset"] is not None:
-        footer += f"; more with --offset {result['next_offset']}"
-    emit(args, result, "\n".join([*lines, f"-- {footer}"]))
+        page = engine.recall_rendered(args.query, session_id=args.session, max_tokens=args.max_tokens, top_k=args.top_k,
+                                      tags=args.tag, offset=args.offset, detail=args.detail)
+    # The output is exactly what the budget counted: the text, or the structured content as compact JSON.
+    print(to_json(page.structured) if args.json else page.text)
 
 
 def _id_args(parser):
@@ -224,8 +211,7 @@ def _id_args(parser):
 def get(args):
     with open_engine(args) as engine:
         memory = engine.get(args.id)
-    history = [f"  was v{h['version']} until {h['superseded_at'][:19]}: {' '.join(h['content'].split())}" for h in memory["history"]]
-    emit(args, memory, "\n".join([render_memory(memory), *history]))
+    emit(args, memory, memory_block(memory))
 
 
 def _update_args(parser):
@@ -245,7 +231,7 @@ def update(args):
         raise InvalidInputError("Nothing to update: give new text, --tag, --clear-tags or --metadata.")
     with open_engine(args) as engine:
         memory = engine.update(args.id, args.content, tags=tags, metadata=metadata)
-    emit(args, memory, render_memory(memory))
+    emit(args, memory, memory_block(memory))
 
 
 @command("delete", "delete a memory and its history", _id_args)

@@ -30,6 +30,7 @@ from .errors import (
     SessionNotFoundError,
 )
 from .model_hub import resolve_model
+from .render import Page, check_agent_budget, check_detail, recall_page
 from .retrieval import fts_query, fuse
 from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory
 from .vector_index import VectorIndex
@@ -270,13 +271,49 @@ class MemoryEngine:
     def recall(self, query: str, *, session_id: str | None = None, max_tokens: int | None = None, top_k: int | None = None,
                tags: Sequence[str] | None = None, offset: int = 0, dense_weight: float | None = None,
                rrf_k: float | None = None, candidates: int | None = None) -> dict:
+        """The library answer: full memory dicts whose content fits ``max_tokens``. Interfaces that
+        hand text to an agent use :meth:`recall_rendered`, whose budget covers what they render."""
         started = time.perf_counter()
+        max_tokens = self.config.recall_max_tokens if max_tokens is None else max_tokens
+        _check_int(max_tokens, "max_tokens", 1, 1_000_000, RecallBudgetError)
+        ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset,
+                            dense_weight=dense_weight, rrf_k=rrf_k, candidates=candidates)
+        window = ranked["window"]
+        chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, ranked["top_k"])
+        memories = [window[p] for p in chosen]
+        omitted = [{"id": window[p]["id"], "rank": window[p]["rank"], "tokens": window[p]["tokens"]} for p in skipped]
+        return {
+            "query": ranked["query"],
+            "session_id": ranked["session_id"],
+            "memories": memories,
+            "total_tokens": sum(m["tokens"] for m in memories),
+            "max_tokens": max_tokens,
+            # The budget (not top_k) left something out: skipped inside the page, or the page ended early.
+            "truncated": bool(omitted) or (stop is not None and len(chosen) < ranked["top_k"]),
+            "omitted": omitted,
+            "next_offset": None if stop is None else offset + stop,
+            "candidates": ranked["candidates"],
+            "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
+        }
+
+    def recall_rendered(self, query: str, *, session_id: str | None = None, max_tokens: int | None = None,
+                        top_k: int | None = None, tags: Sequence[str] | None = None, offset: int = 0,
+                        detail: str = "compact") -> Page:
+        """Recall as an agent receives it: text and structured content, each within ``max_tokens``
+        counted with the configured encoding (see :mod:`tinycontext.render`)."""
+        detail = check_detail(detail)
+        max_tokens = check_agent_budget(self.config.recall_max_tokens if max_tokens is None else max_tokens)
+        ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset)
+        return recall_page(ranked["window"], max_tokens=max_tokens, counter=self.tokens, limit=ranked["top_k"],
+                           offset=offset, detail=detail, session_id=ranked["session_id"])
+
+    def _rank(self, query: str, *, session_id: str | None, top_k: int | None, tags: Sequence[str] | None, offset: int,
+              dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None) -> dict:
+        """Ranked memories from ``offset`` on (full dicts with rank and scores), before any budget."""
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query must be non-empty text: say what you want to remember.")
         query = _clean_text(query, "query")
-        max_tokens = self.config.recall_max_tokens if max_tokens is None else max_tokens
         top_k = self.config.recall_top_k if top_k is None else top_k
-        _check_int(max_tokens, "max_tokens", 1, 1_000_000, RecallBudgetError)
         _check_int(top_k, "top_k", 1, 1000)
         _check_int(offset, "offset", 0, MAX_OFFSET)
         weight = _check_number(self.config.recall_dense_weight if dense_weight is None else dense_weight, "dense_weight", 0.0, 1.0)
@@ -295,30 +332,11 @@ class MemoryEngine:
         ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
         window = ranked[offset:]
         rows = self._rows([c.id for c in window])
-        window = [c for c in window if c.id in rows]
-        chosen, skipped, stop = fit_budget((rows[c.id]["tokens"] for c in window), max_tokens, top_k)
-        memories = []
-        for position in chosen:
-            cand = window[position]
-            memories.append({
-                **rows[cand.id],
-                "rank": offset + position + 1,
-                "scores": {"rrf": cand.rrf, "bm25": cand.bm25, "dense": cand.dense},
-            })
-        omitted = [{"id": window[p].id, "rank": offset + p + 1, "tokens": rows[window[p].id]["tokens"]} for p in skipped]
-        return {
-            "query": query,
-            "session_id": session,
-            "memories": memories,
-            "total_tokens": sum(m["tokens"] for m in memories),
-            "max_tokens": max_tokens,
-            # The budget (not top_k) left something out: skipped inside the page, or the page ended early.
-            "truncated": bool(omitted) or (stop is not None and len(chosen) < top_k),
-            "omitted": omitted,
-            "next_offset": None if stop is None else offset + stop,
-            "candidates": len(ranked),
-            "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
-        }
+        memories = [
+            {**rows[c.id], "rank": offset + position + 1, "scores": {"rrf": c.rrf, "bm25": c.bm25, "dense": c.dense}}
+            for position, c in enumerate(c for c in window if c.id in rows)
+        ]
+        return {"query": query, "session_id": session, "top_k": top_k, "window": memories, "candidates": len(ranked)}
 
     def _tag_filter_sql(self, tags: list[str], column: str) -> tuple[str, list]:
         if not tags:

@@ -22,6 +22,7 @@ from .. import __version__
 from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import TinyContextError
+from ..render import MIN_AGENT_TOKENS, Detail
 from .http import CORS_HEADERS, Guard, ServeSettings
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,11 @@ class SaveRequest(_Request):
 class RecallRequest(_Request):
     query: str = Field(description="What to remember: a question or keywords.")
     session_id: str | None = Field(None, description="Search only this session; omit to search all.")
-    max_tokens: int | None = Field(None, description="Token budget for the memories returned (1-1000000).")
+    max_tokens: int | None = Field(None, description=f"Token budget for the whole response body ({MIN_AGENT_TOKENS}-1000000).")
     top_k: int | None = Field(None, description="At most this many memories (1-1000).")
     tags: list[str] | None = Field(None, description="Keep only memories with any of these tags.")
     offset: int = Field(0, description="Skip this many ranked results (paging).")
+    detail: Detail = Field("compact", description="compact: id, rank, content, tags, date; full: every field and the scores.")
 
 
 class IdRequest(_Request):
@@ -97,28 +99,33 @@ class Scores(BaseModel):
     dense: float | None
 
 
-class RecalledMemory(Memory):
-    rank: int
-    scores: Scores
+class RecalledMemory(BaseModel):
+    """compact: id, rank, content, tags (when any), date; full adds the other Memory fields and scores."""
 
-
-class Omitted(BaseModel):
     id: int
     rank: int
-    tokens: int
+    content: str
+    tags: list[str] | None = None
+    date: str | None = None
+    session_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    tokens: int | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+    version: int | None = None
+    scores: Scores | None = None
 
 
 class RecallResponse(BaseModel):
-    query: str
-    session_id: str | None
+    """The body is the structured answer as counted: its compact JSON is at most max_tokens."""
+
     memories: list[RecalledMemory]
-    total_tokens: int
+    total_tokens: int = Field(description="Tokens of the answer's text rendering (what a model reads).")
     max_tokens: int
     truncated: bool
-    omitted: list[Omitted]
     next_offset: int | None
-    candidates: int
-    elapsed_ms: float
+    omitted: int | None = Field(None, description="Matches inside this page that did not fit max_tokens.")
+    needed_tokens: int | None = Field(None, description="When nothing fits: the smallest max_tokens that shows the best match.")
 
 
 class Version(BaseModel):
@@ -226,9 +233,11 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
         return engines().save(body.memories, session_id=body.session_id)
 
     @app.post("/recall_memories", response_model=RecallResponse, summary="Recall the most relevant memories within a token budget")
-    def recall_memories(body: RecallRequest) -> dict:
-        return engines().recall(body.query, session_id=body.session_id, max_tokens=body.max_tokens, top_k=body.top_k,
-                                tags=body.tags, offset=body.offset)
+    def recall_memories(body: RecallRequest) -> JSONResponse:
+        # Sent as built: the body is exactly the JSON the budget counted (no model re-serialization).
+        page = engines().recall_rendered(body.query, session_id=body.session_id, max_tokens=body.max_tokens, top_k=body.top_k,
+                                         tags=body.tags, offset=body.offset, detail=body.detail)
+        return JSONResponse(page.structured)
 
     @app.post("/update_memory", response_model=MemoryWithHistory, summary="Replace a memory's content, tags or metadata")
     def update_memory(body: UpdateRequest) -> dict:

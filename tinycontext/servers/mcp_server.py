@@ -2,8 +2,9 @@
 
 ``build_server`` holds every tool definition so the stdio command (``tinycontext mcp``) and the
 streamable HTTP server serve the same tools. Each tool answers twice: a compact text rendering for
-the model (it pays for every character) and the full result dict as structured content for
-programs. Errors are tool results with ``isError`` set whose text starts with the error code.
+the model and the result as structured content. Recall's two answers are fitted together to
+``max_tokens`` (tinycontext.render). Errors are tool results with ``isError`` set whose text starts
+with the error code.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from mcp.server.fastmcp import FastMCP
@@ -22,6 +23,7 @@ from pydantic import Field, ValidationError
 from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..errors import InvalidInputError, TinyContextError
+from ..render import DETAILS, MIN_AGENT_TOKENS, Page, memory_block
 
 log = logging.getLogger(__name__)
 
@@ -38,36 +40,6 @@ Session = Annotated[str | None, Field(description="Session (namespace) name, e.g
 MemoryId = Annotated[int, Field(description="Memory id, as shown by recall_memories (id N).")]
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def render_memory_line(memory: dict, *, with_session: bool = False) -> str:
-    """``- content (YYYY-MM-DD; tags: a, b; id 12)``: one memory on one line for a model to read."""
-    facts = [memory["updated_at"][:10]]
-    if memory["tags"]:
-        facts.append("tags: " + ", ".join(memory["tags"]))
-    if with_session:
-        facts.append(f"session {memory['session_id']}")
-    facts.append(f"id {memory['id']}")
-    return f"- {_one_line(memory['content'])} ({'; '.join(facts)})"
-
-
-def render_recall(result: dict) -> str:
-    memories = result["memories"]
-    if not memories and not result["omitted"]:
-        return "No matching memories."
-    # Name sessions only when an unfiltered recall found memories from more than one.
-    with_session = result["session_id"] is None and len({m["session_id"] for m in memories}) > 1
-    lines = [render_memory_line(m, with_session=with_session) for m in memories]
-    if result["omitted"]:
-        lines.append(f"({len(result['omitted'])} more matched but did not fit max_tokens={result['max_tokens']}; "
-                     f"raise max_tokens to see them.)")
-    if result["next_offset"] is not None:
-        lines.append(f"(More results: call again with offset={result['next_offset']}.)")
-    return "\n".join(lines)
-
-
 def render_save(result: dict) -> str:
     parts = [f"Saved {len(result['ids'])} in session {result['session_id']}"
              + (f": ids {', '.join(map(str, result['ids']))}." if result["ids"] else ".")]
@@ -78,15 +50,6 @@ def render_save(result: dict) -> str:
         parts.append(f"memories[{near['index']}] is similar to id {near['similar_to']} "
                      f"(cosine {near['similarity']}); if it restates that memory, update_memory it instead.")
     return "\n".join(parts)
-
-
-def render_memory(memory: dict) -> str:
-    lines = [render_memory_line(memory, with_session=True) + f" v{memory['version']}"]
-    if memory["metadata"]:
-        lines.append(f"metadata: {memory['metadata']}")
-    for old in memory.get("history", []):
-        lines.append(f"v{old['version']} until {old['superseded_at'][:10]}: {_one_line(old['content'])}")
-    return "\n".join(lines)
 
 
 def error_result(err: TinyContextError) -> CallToolResult:
@@ -144,6 +107,14 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
             return error_result(err)
         return CallToolResult(content=[TextContent(type="text", text=render(result))], structuredContent=result)
 
+    async def answer_page(work: Callable[[MemoryEngine], Page]) -> CallToolResult:
+        """An answer fitted to its budget: the text and structured content exactly as counted."""
+        try:
+            page = await anyio.to_thread.run_sync(lambda: work(get_engine(config)))
+        except TinyContextError as err:
+            return error_result(err)
+        return CallToolResult(content=[TextContent(type="text", text=page.text)], structuredContent=page.structured)
+
     @server.tool(
         description=(
             "Save durable facts to long-term memory: user preferences, decisions and their reasons, project "
@@ -174,15 +145,15 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
     async def recall_memories(
         query: Annotated[str, Field(description="What to remember: a question or keywords.")],
         session_id: Annotated[str | None, Field(description="Search only this session; omit to search all.")] = None,
-        max_tokens: Annotated[int | None, Field(description="Token budget for the memories returned (1-1000000).")] = None,
+        max_tokens: Annotated[int | None, Field(description=f"Token budget for this whole answer ({MIN_AGENT_TOKENS}-1000000).")] = None,
         top_k: Annotated[int | None, Field(description="At most this many memories (1-1000).")] = None,
         tags: Annotated[list[str] | None, Field(description="Keep only memories with any of these tags.")] = None,
         offset: Annotated[int, Field(description="Skip this many ranked results (paging).")] = 0,
+        detail: Annotated[Literal[DETAILS], Field(description="compact: id, rank, content, tags, date; full: also "
+                                                   "session, metadata, version, timestamps, scores (fewer fit).")] = "compact",
     ) -> CallToolResult:
-        return await answer(
-            lambda engine: engine.recall(query, session_id=session_id, max_tokens=max_tokens, top_k=top_k, tags=tags, offset=offset),
-            render_recall,
-        )
+        return await answer_page(lambda engine: engine.recall_rendered(
+            query, session_id=session_id, max_tokens=max_tokens, top_k=top_k, tags=tags, offset=offset, detail=detail))
 
     @server.tool(
         description=(
@@ -198,7 +169,7 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
         tags: Annotated[list[str] | None, Field(description="New tags (replace the old ones).")] = None,
         metadata: Annotated[dict[str, Any] | None, Field(description="New metadata object (replaces the old one).")] = None,
     ) -> CallToolResult:
-        return await answer(lambda engine: engine.update(id, content, tags=tags, metadata=metadata), render_memory)
+        return await answer(lambda engine: engine.update(id, content, tags=tags, metadata=metadata), memory_block)
 
     @server.tool(
         description="Delete a memory that is wrong or that the user asked you to forget. Permanent, history included.",
@@ -212,6 +183,6 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
         annotations=ToolAnnotations(title="Get a memory", readOnlyHint=True, openWorldHint=False),
     )
     async def get_memory(id: MemoryId) -> CallToolResult:
-        return await answer(lambda engine: engine.get(id), render_memory)
+        return await answer(lambda engine: engine.get(id), memory_block)
 
     return server
