@@ -137,7 +137,7 @@ class MemoryEngine:
 
     def __init__(self, config: TinyContextConfig | None = None, *, embedder: Embedder | None = None, progress: bool = False):
         self.config = config or TinyContextConfig()
-        self.embedder = embedder if embedder is not None else build_embedder(self.config)
+        self.embedder = embedder = embedder if embedder is not None else build_embedder(self.config)
         self.tokens = TokenCounter(self.config.encoding_name)
         self.store = Store(self.config.memory_db_path)
         try:

@@ -19,7 +19,7 @@ import httpx
 
 from ..budget import TokenCounter
 from ..config import TinyContextConfig
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, RecallBudgetError
 from ..render import Page, check_agent_budget, fit_page, one_line
 
 MAX_ITEMS = 5
@@ -246,6 +246,9 @@ async def asearch(items: Any, max_tokens: int | None = None, *, config: TinyCont
     budget = check_agent_budget(SEARCH_MAX_TOKENS if max_tokens is None else max_tokens)
     outcomes = list(await asyncio.gather(*(asyncio.to_thread(_search_one, item, config) for item in parsed)))
     fitted = search_page(outcomes, max_tokens=budget, counter=TokenCounter(config.encoding_name))
+    if fitted.tokens > budget:
+        raise RecallBudgetError(f"max_tokens={budget} cannot hold even the outcomes of {len(parsed)} searches "
+                                f"({fitted.tokens} tokens): raise it or send fewer items.")
     return {**fitted.structured, "text": fitted.text}
 
 

@@ -113,6 +113,7 @@ def router(get_config: Callable[[], TinyContextConfig]):
     """REST endpoints ``POST /search``, ``POST /scrape_urls``, ``GET /current_datetime`` (404 when
     ``web_tools`` is off). ``get_config`` is called once, at the first request."""
     from fastapi import APIRouter
+    from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
 
     config = functools.cache(get_config)
@@ -124,16 +125,19 @@ def router(get_config: Callable[[], TinyContextConfig]):
             raise HTTPException(404, "The web tools are disabled (web_tools=false).")
         return current
 
+    # The body is the structured content exactly as the budget counted it (no re-serialization).
     @api.post("/search", summary="Search the web: results and an outcome per query, within max_tokens")
-    async def search_endpoint(body: SearchRequest) -> dict[str, Any]:
+    async def search_endpoint(body: SearchRequest) -> JSONResponse:
         current = enabled()
-        return await asearch([i.model_dump(exclude_none=True) for i in body.items], body.max_tokens, config=current)
+        answer = await asearch([i.model_dump(exclude_none=True) for i in body.items], body.max_tokens, config=current)
+        return JSONResponse(_split(answer)[1])
 
     @api.post("/scrape_urls", summary="The passages of 1-5 pages that answer a query, within one token budget")
-    async def scrape_endpoint(body: ScrapeRequest) -> dict[str, Any]:
+    async def scrape_endpoint(body: ScrapeRequest) -> JSONResponse:
         current = enabled()
-        return await ascrape_urls([i.model_dump(exclude_none=True) for i in body.items], body.max_tokens,
-                                  order=body.order, config=current)
+        answer = await ascrape_urls([i.model_dump(exclude_none=True) for i in body.items], body.max_tokens,
+                                    order=body.order, config=current)
+        return JSONResponse(_split(answer)[1])
 
     @api.get("/current_datetime", summary="UTC and local time now")
     def datetime_endpoint() -> dict[str, Any]:
