@@ -79,6 +79,40 @@ def parse_metadata(raw: str | None) -> dict | None:
     return value
 
 
+def add_filter_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--filter", metavar="JSON", help='filter object, e.g. \'{"tags_all": ["a", "b"], "created_at": {"gte": "2025-01-01"}}\'')
+    parser.add_argument("--all-tag", action="append", default=[], help="keep memories with every one of these tags (repeatable)")
+    parser.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE",
+                        help="keep memories whose metadata KEY equals VALUE (JSON value, else text; repeatable)")
+    parser.add_argument("--since", help="saved at or after this ISO date/time")
+    parser.add_argument("--until", help="saved before this ISO date/time")
+
+
+def filters_of(args: argparse.Namespace) -> dict | None:
+    """The --filter object with the shorthand flags merged in (the flags win)."""
+    try:
+        filters = json.loads(args.filter) if args.filter else {}
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"--filter is not valid JSON ({exc.msg}).") from exc
+    if not isinstance(filters, dict) or not all(isinstance(filters.get(k, {}), (dict, list)) for k in ("metadata", "created_at", "tags_all")):
+        raise InvalidInputError("--filter must be a JSON object like '{\"tags_all\": [\"a\"]}'.")
+    if args.all_tag:
+        filters["tags_all"] = [*filters.get("tags_all", []), *args.all_tag]
+    for pair in args.meta:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise InvalidInputError(f"--meta {pair!r}: write KEY=VALUE.")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        filters.setdefault("metadata", {})[key] = value
+    for flag, op in (("since", "gte"), ("until", "lt")):
+        if getattr(args, flag):
+            filters.setdefault("created_at", {})[op] = getattr(args, flag)
+    return filters or None
+
+
 def read_memories(text: str) -> list:
     """Memories from stdin: a JSON memory, a list of them, {"memories": [...]}, or JSONL (one per line)."""
     try:
@@ -189,6 +223,7 @@ def _recall_args(parser):
     parser.add_argument("--top-k", type=int, help="at most this many memories")
     parser.add_argument("--tag", action="append", default=[], help="keep memories with any of these tags (repeatable)")
     parser.add_argument("--offset", type=int, default=0, help="skip this many ranked results (paging)")
+    add_filter_args(parser)
     parser.add_argument("--detail", choices=DETAILS, default="compact", help="compact (default) or full: also session, metadata, scores")
     parser.add_argument("--json", action="store_true", help="print the structured answer (compact JSON, within --max-tokens)")
 
@@ -197,7 +232,7 @@ def _recall_args(parser):
 def recall(args):
     with open_engine(args) as engine:
         page = engine.recall_rendered(args.query, session_id=args.session, max_tokens=args.max_tokens, top_k=args.top_k,
-                                      tags=args.tag, offset=args.offset, detail=args.detail)
+                                      tags=args.tag, offset=args.offset, detail=args.detail, filters=filters_of(args))
     # The output is exactly what the budget counted: the text, or the structured content as compact JSON.
     print(to_json(page.structured) if args.json else page.text)
 

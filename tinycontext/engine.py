@@ -29,6 +29,7 @@ from .errors import (
     RecallBudgetError,
     SessionNotFoundError,
 )
+from .filters import Filters, parse_filters
 from .model_hub import resolve_model
 from .render import Page, check_agent_budget, check_detail, recall_page
 from .retrieval import fts_query, fuse
@@ -270,14 +271,15 @@ class MemoryEngine:
 
     def recall(self, query: str, *, session_id: str | None = None, max_tokens: int | None = None, top_k: int | None = None,
                tags: Sequence[str] | None = None, offset: int = 0, dense_weight: float | None = None,
-               rrf_k: float | None = None, candidates: int | None = None) -> dict:
+               rrf_k: float | None = None, candidates: int | None = None, filters: Filters | dict | None = None) -> dict:
         """The library answer: full memory dicts whose content fits ``max_tokens``. Interfaces that
-        hand text to an agent use :meth:`recall_rendered`, whose budget covers what they render."""
+        hand text to an agent use :meth:`recall_rendered`, whose budget covers what they render.
+        ``filters`` (see :mod:`tinycontext.filters`) narrows by tags, metadata and time."""
         started = time.perf_counter()
         max_tokens = self.config.recall_max_tokens if max_tokens is None else max_tokens
         _check_int(max_tokens, "max_tokens", 1, 1_000_000, RecallBudgetError)
         ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset,
-                            dense_weight=dense_weight, rrf_k=rrf_k, candidates=candidates)
+                            dense_weight=dense_weight, rrf_k=rrf_k, candidates=candidates, filters=filters)
         window = ranked["window"]
         chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, ranked["top_k"])
         memories = [window[p] for p in chosen]
@@ -298,17 +300,18 @@ class MemoryEngine:
 
     def recall_rendered(self, query: str, *, session_id: str | None = None, max_tokens: int | None = None,
                         top_k: int | None = None, tags: Sequence[str] | None = None, offset: int = 0,
-                        detail: str = "compact") -> Page:
+                        detail: str = "compact", filters: Filters | dict | None = None) -> Page:
         """Recall as an agent receives it: text and structured content, each within ``max_tokens``
         counted with the configured encoding (see :mod:`tinycontext.render`)."""
         detail = check_detail(detail)
         max_tokens = check_agent_budget(self.config.recall_max_tokens if max_tokens is None else max_tokens)
-        ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset)
+        ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset, filters=filters)
         return recall_page(ranked["window"], max_tokens=max_tokens, counter=self.tokens, limit=ranked["top_k"],
                            offset=offset, detail=detail, session_id=ranked["session_id"])
 
     def _rank(self, query: str, *, session_id: str | None, top_k: int | None, tags: Sequence[str] | None, offset: int,
-              dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None) -> dict:
+              dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None,
+              filters: Filters | dict | None = None) -> dict:
         """Ranked memories from ``offset`` on (full dicts with rank and scores), before any budget."""
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query must be non-empty text: say what you want to remember.")
@@ -321,14 +324,15 @@ class MemoryEngine:
         depth = max(_check_int(self.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000), offset + top_k)
         session = _check_session(session_id)
         tag_list = _normalise_tags([] if tags is None else tags, "tags")
+        filters = parse_filters(filters)
         if session is not None and not self.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
             raise SessionNotFoundError(f"No session {session!r}. Save memories into it first, or recall without session_id to search all sessions.")
 
         # Embed the query on a worker thread while FTS5 runs here: ONNX and SQLite both release the
         # GIL, so on two cores the two steps overlap instead of adding up.
         vector = _QUERY_POOL.submit(self.embedder.embed_query, query) if weight > 0.0 else None
-        bm25_hits = self._bm25(query, session, tag_list, depth) if weight < 1.0 else []
-        dense_hits = self._dense(query, session, tag_list, depth, vector=vector.result()) if vector else []
+        bm25_hits = self._bm25(query, session, tag_list, depth, filters) if weight < 1.0 else []
+        dense_hits = self._dense(query, session, tag_list, depth, filters, vector=vector.result()) if vector else []
         ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
         window = ranked[offset:]
         rows = self._rows([c.id for c in window])
@@ -338,13 +342,19 @@ class MemoryEngine:
         ]
         return {"query": query, "session_id": session, "top_k": top_k, "window": memories, "candidates": len(ranked)}
 
-    def _tag_filter_sql(self, tags: list[str], column: str) -> tuple[str, list]:
-        if not tags:
-            return "", []
-        marks = ",".join("?" * len(tags))
-        return f" AND {column} IN (SELECT memory_id FROM memory_tags WHERE tag IN ({marks}))", list(tags)
+    @staticmethod
+    def _filter_sql(tags: Sequence[str], filters: Filters | None, id_column: str) -> tuple[str, list]:
+        """`` AND condition`` (or "") and its parameters: ``tags`` is the any-of shorthand, and
+        both it and ``filters`` must hold."""
+        sql, params = "", []
+        for part in (Filters(tags_any=tuple(tags)), filters or Filters()):
+            condition, values = part.sql(id_column)
+            if condition:
+                sql += " AND " + condition
+                params += values
+        return sql, params
 
-    def _bm25(self, query: str, session: str | None, tags: list[str], depth: int) -> list[tuple[int, float]]:
+    def _bm25(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None) -> list[tuple[int, float]]:
         match = fts_query(query)
         if match is None:
             return []
@@ -358,18 +368,21 @@ class MemoryEngine:
             sql, params, id_column = ("SELECT m.id, -bm25(memories_fts, 1.0, 0.5) AS score FROM memories_fts "
                                       "JOIN memories m ON m.id = memories_fts.rowid WHERE memories_fts MATCH ? "
                                       "AND m.session_id = ?"), [match, session], "m.id"
-        tag_sql, tag_params = self._tag_filter_sql(tags, id_column)
-        sql += tag_sql + f" ORDER BY score DESC, {id_column} LIMIT ?"
-        return [(r[0], r[1]) for r in self.store.read(sql, [*params, *tag_params, depth])]
+        # The filter is part of the FTS query, so the LIMIT keeps the best matches that pass it.
+        filter_sql, filter_params = self._filter_sql(tags, filters, id_column)
+        sql += filter_sql + f" ORDER BY score DESC, {id_column} LIMIT ?"
+        return [(r[0], r[1]) for r in self.store.read(sql, [*params, *filter_params, depth])]
 
-    def _dense(self, query: str, session: str | None, tags: list[str], depth: int, *, vector: np.ndarray | None = None) -> list[tuple[int, float]]:
+    def _dense(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None, *,
+               vector: np.ndarray | None = None) -> list[tuple[int, float]]:
         if vector is None:
             vector = self.embedder.embed_query(query)
+        filter_sql, filter_params = self._filter_sql(tags, filters, "id")
         with self.store.lock:
             allowed = None
-            if tags:
-                marks = ",".join("?" * len(tags))
-                allowed = np.array([r[0] for r in self.store.read(f"SELECT memory_id FROM memory_tags WHERE tag IN ({marks})", tags)], np.int64)
+            if filter_sql:
+                # The ids that pass, searched exhaustively: the top-k is taken among them only.
+                allowed = np.array([r[0] for r in self.store.read("SELECT id FROM memories WHERE 1" + filter_sql, filter_params)], np.int64)
             hits = self.index.search(vector, session, min(depth, VEC_KNN_MAX), allowed)
         if hits is not None:
             return hits
@@ -378,8 +391,10 @@ class MemoryEngine:
         if session is not None:
             sql += " AND session_id = ?"
             params.append(session)
-        tag_sql, tag_params = self._tag_filter_sql(tags, "memory_id")
-        rows = self.store.read(sql + tag_sql, [*params, *tag_params])
+        if filter_sql:  # vec0 takes one "rowid IN (...)" per query
+            sql += f" AND memory_id IN (SELECT id FROM memories WHERE 1{filter_sql})"
+            params += filter_params
+        rows = self.store.read(sql, params)
         # vec0 allows only ORDER BY distance; break ties by id here so results are deterministic.
         return [(r[0], 1.0 - r[1]) for r in sorted(rows, key=lambda r: (r[1], r[0]))]
 
@@ -520,12 +535,15 @@ def save_memories(memories, *, session_id: str | None = None, config: TinyContex
 
 
 def recall_memories(query: str, *, session_id: str | None = None, max_tokens: int | None = None, top_k: int | None = None,
-                    tags: Sequence[str] | None = None, offset: int = 0, config: TinyContextConfig | None = None) -> dict:
+                    tags: Sequence[str] | None = None, offset: int = 0, filters: dict | None = None,
+                    config: TinyContextConfig | None = None) -> dict:
     """The memories most relevant to ``query`` that fit ``max_tokens``, best first.
 
-    Without ``session_id`` all sessions are searched. ``tags`` keeps memories with any of them.
+    Without ``session_id`` all sessions are searched. ``tags`` keeps memories with any of them;
+    ``filters`` (see :mod:`tinycontext.filters`) narrows by tags, metadata and time.
     """
-    return get_engine(config).recall(query, session_id=session_id, max_tokens=max_tokens, top_k=top_k, tags=tags, offset=offset)
+    return get_engine(config).recall(query, session_id=session_id, max_tokens=max_tokens, top_k=top_k, tags=tags, offset=offset,
+                                     filters=filters)
 
 
 def get_memory(memory_id: int, *, config: TinyContextConfig | None = None) -> dict:

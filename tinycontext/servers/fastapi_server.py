@@ -23,8 +23,9 @@ from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..web.tools import router as web_router
 from ..errors import TinyContextError
+from ..filters import FilterSpec
 from ..render import MIN_AGENT_TOKENS, Detail
-from .http import CORS_HEADERS, Guard, ServeSettings
+from .guard import ServeSettings, protect
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class RecallRequest(_Request):
     top_k: int | None = Field(None, description="At most this many memories (1-1000).")
     tags: list[str] | None = Field(None, description="Keep only memories with any of these tags.")
     offset: int = Field(0, description="Skip this many ranked results (paging).")
+    filters: FilterSpec | None = Field(None, description="tags_any, tags_all, metadata equality, created_at/updated_at ranges.")
     detail: Detail = Field("compact", description="compact: id, rank, content, tags, date; full: every field and the scores.")
 
 
@@ -199,12 +201,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     engines = _Engines(config, engine)
     app = FastAPI(title="TinyContext", version=__version__, responses=ERRORS,
                   description="Token-light local memory for AI agents: the MCP tools over REST.")
-    app.add_middleware(Guard, token=settings.token, max_body_bytes=settings.max_body_bytes)
-    if settings.cors_origins:
-        from starlette.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=CORS_HEADERS)
+    protect(app, settings)
 
     @app.exception_handler(TinyContextError)
     async def engine_error(_request: Request, err: TinyContextError) -> JSONResponse:
@@ -237,7 +234,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     def recall_memories(body: RecallRequest) -> JSONResponse:
         # Sent as built: the body is exactly the JSON the budget counted (no model re-serialization).
         page = engines().recall_rendered(body.query, session_id=body.session_id, max_tokens=body.max_tokens, top_k=body.top_k,
-                                         tags=body.tags, offset=body.offset, detail=body.detail)
+                                         tags=body.tags, offset=body.offset, detail=body.detail, filters=body.filters)
         return JSONResponse(page.structured)
 
     @app.post("/update_memory", response_model=MemoryWithHistory, summary="Replace a memory's content, tags or metadata")

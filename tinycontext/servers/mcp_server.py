@@ -24,6 +24,7 @@ from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..web import tools as web_tools
 from ..errors import InvalidInputError, TinyContextError
+from ..filters import FilterSpec
 from ..render import DETAILS, MIN_AGENT_TOKENS, Page, memory_block
 
 log = logging.getLogger(__name__)
@@ -152,9 +153,12 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
         offset: Annotated[int, Field(description="Skip this many ranked results (paging).")] = 0,
         detail: Annotated[Literal[DETAILS], Field(description="compact: id, rank, content, tags, date; full: also "
                                                    "session, metadata, version, timestamps, scores (fewer fit).")] = "compact",
+        filters: Annotated[FilterSpec | None, Field(description="Narrow the search: tags_any, tags_all, metadata equality, "
+                                                    "created_at/updated_at ranges ({gte, gt, lte, lt}).")] = None,
     ) -> CallToolResult:
         return await answer_page(lambda engine: engine.recall_rendered(
-            query, session_id=session_id, max_tokens=max_tokens, top_k=top_k, tags=tags, offset=offset, detail=detail))
+            query, session_id=session_id, max_tokens=max_tokens, top_k=top_k, tags=tags, offset=offset, detail=detail,
+            filters=filters))
 
     @server.tool(
         description=(
