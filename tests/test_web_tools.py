@@ -88,12 +88,12 @@ def test_web_tools_group_can_be_switched_off(tmp_path, site):
             assert not names & WEB_TOOLS and "recall_memories" in names
 
     anyio.run(scenario)
-    client = TestClient(create_app(web_config(tmp_path, site, web_tools=False)))
+    client = TestClient(create_app(web_config(tmp_path, site, web_tools=False)), base_url="http://127.0.0.1")
     assert client.post("/scrape_urls", json={"items": [{"url": site.url("/rivers")}]}).status_code == 404
 
 
 def test_rest_endpoints(loopback_only, tmp_path, site):
-    client = TestClient(create_app(web_config(tmp_path, site)))
+    client = TestClient(create_app(web_config(tmp_path, site)), base_url="http://127.0.0.1")
     response = client.post("/scrape_urls", json={"items": [{"url": site.url("/rivers"), "query": "Rhine floods"}], "max_tokens": 300})
     assert response.status_code == 200, response.text
     assert COUNTER.count(response.text) <= 300

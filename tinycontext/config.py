@@ -81,6 +81,8 @@ class TinyContextConfig(BaseModel):
     scrape_max_tokens: int = Field(4000, ge=50, le=100_000)
     # Separate budget for a page's related links (part of scrape_max_tokens, not added to it).
     scrape_links_max_tokens: int = Field(300, ge=0, le=10_000)
+    # Longest passage scrape_urls cuts a page into (passages follow headings and paragraphs).
+    scrape_chunk_tokens: int = Field(160, ge=20, le=2000)
 
     @field_validator("memory_db_path", "models_dir", mode="after")
     @classmethod

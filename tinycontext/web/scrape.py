@@ -28,7 +28,6 @@ from .rank import rank_passages
 
 MAX_ITEMS = 5
 MAX_QUERY_CHARS = 1000
-CHUNK_MAX_TOKENS = 160
 ORDERS = ("page", "rank")
 
 
@@ -96,7 +95,7 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
     if not page.markdown.strip():
         result.outcome = "empty"
         return result
-    result.chunks = chunk_markdown(page.markdown, counter, max_tokens=CHUNK_MAX_TOKENS)
+    result.chunks = chunk_markdown(page.markdown, counter, max_tokens=config.scrape_chunk_tokens)
     result.markdown_tokens = counter.count(page.markdown)
     result.links = page.links
     if item.ranked:

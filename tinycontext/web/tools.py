@@ -126,14 +126,14 @@ def router(get_config: Callable[[], TinyContextConfig]):
         return current
 
     # The body is the structured content exactly as the budget counted it (no re-serialization).
-    @api.post("/search", summary="Search the web: results and an outcome per query, within max_tokens")
-    async def search_endpoint(body: SearchRequest) -> JSONResponse:
+    @api.post("/search", response_model=None, summary="Search the web: results and an outcome per query, within max_tokens")
+    async def search_endpoint(body: SearchRequest):
         current = enabled()
         answer = await asearch([i.model_dump(exclude_none=True) for i in body.items], body.max_tokens, config=current)
         return JSONResponse(_split(answer)[1])
 
-    @api.post("/scrape_urls", summary="The passages of 1-5 pages that answer a query, within one token budget")
-    async def scrape_endpoint(body: ScrapeRequest) -> JSONResponse:
+    @api.post("/scrape_urls", response_model=None, summary="The passages of 1-5 pages that answer a query, within one token budget")
+    async def scrape_endpoint(body: ScrapeRequest):
         current = enabled()
         answer = await ascrape_urls([i.model_dump(exclude_none=True) for i in body.items], body.max_tokens,
                                     order=body.order, config=current)
