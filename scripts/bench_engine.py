@@ -98,7 +98,7 @@ def bench_locomo_engine(work: Path, convs: list[dict], fmt: str, repeats: int, k
             with new_engine(db) as engine:
                 engine.save(["warm-up"], session_id="warmup")  # load the model before timing
                 dia_to_id, elapsed, d = ingest_locomo(engine, conv, fmt)
-                texts = [t for chat in bench_locomo.sessions(conv, fmt) for _, t in chat]
+                texts = [t if isinstance(t, str) else t["content"] for chat in bench_locomo.sessions(conv, fmt) for _, t in chat]
                 turns += len(texts)
                 seconds += elapsed
                 dups += d

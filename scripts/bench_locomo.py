@@ -3,17 +3,20 @@ runs in its own Python 3.12 venv without this project installed).
 
 A conversation becomes one memory session; each turn becomes one memory; each ``session_N`` of the
 conversation is saved in one call, as an agent saving after every chat session would.
+Format ``turns`` (the engine's conversation API, not for the baseline) saves each turn as
+``{content, speaker, occurred_at, attachments}``: the README's "Saving a conversation" recipe.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from pathlib import Path
 
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "locomo" / "locomo-dev.json"
 EVIDENCE_CATEGORIES = (1, 2, 3, 4)  # 5 is adversarial (no evidence)
-FORMATS = ("plain", "dated", "dated_caption")
+FORMATS = ("plain", "dated", "dated_caption", "turns")
 _EVIDENCE = re.compile(r"D:?(\d+):(\d+)")
 
 
@@ -34,11 +37,25 @@ def memory_text(turn: dict, date: str, fmt: str) -> str:
     return text
 
 
-def sessions(conv: dict, fmt: str = "plain") -> list[list[tuple[str, str]]]:
-    """The conversation's chat sessions in order, each a list of (dia_id, memory text)."""
+def occurred_at(date: str) -> str:
+    """LoCoMo's "1:56 pm on 8 May, 2023" -> ISO "2023-05-08T13:56"."""
+    return datetime.strptime(" ".join(date.split()), "%I:%M %p on %d %B, %Y").isoformat(timespec="minutes")
+
+
+def turn_memory(turn: dict, date: str) -> dict:
+    """A turn as the engine's conversation API takes it: what was said, by whom, when, what was shared."""
+    memory = {"content": turn["text"], "speaker": turn["speaker"], "occurred_at": occurred_at(date)}
+    if turn.get("blip_caption"):
+        memory["attachments"] = [turn["blip_caption"]]
+    return memory
+
+
+def sessions(conv: dict, fmt: str = "plain") -> list[list[tuple[str, str | dict]]]:
+    """The conversation's chat sessions in order, each a list of (dia_id, memory text or dict)."""
     c = conv["conversation"]
     numbers = sorted(int(k.split("_")[1]) for k in c if re.fullmatch(r"session_\d+", k) and c[k])
-    return [[(t["dia_id"], memory_text(t, c.get(f"session_{n}_date_time", ""), fmt)) for t in c[f"session_{n}"]] for n in numbers]
+    make = (lambda t, d: turn_memory(t, d)) if fmt == "turns" else (lambda t, d: memory_text(t, d, fmt))
+    return [[(t["dia_id"], make(t, c.get(f"session_{n}_date_time", ""))) for t in c[f"session_{n}"]] for n in numbers]
 
 
 def evidence_ids(raw: list[str]) -> list[str]:

@@ -36,7 +36,7 @@ def test_ready_setup_exits_zero(env, tmp_path):
     report = json.loads(proc.stdout)
     by_name = checks(report)
     assert report["ok"] and all(c["ok"] for c in report["checks"])
-    assert list(by_name) == ["python", "config", "sqlite", "fts5", "sqlite-vec", "model", "embedding", "tokenizer", "database"]
+    assert list(by_name) == ["python", "config", "sqlite", "fts5", "sqlite-vec", "model", "embedding", "tokenizer", "database", "browser"]
     assert by_name["sqlite"]["details"]["driver"] == sqlite_driver()[0].__name__
     assert by_name["fts5"]["details"]["available"] is True
     assert by_name["sqlite-vec"]["details"]["version"] == f"v{sqlite_vec.__version__}"

@@ -22,6 +22,7 @@ from tinycontext import (
     update_memory,
 )
 from tinycontext.retrieval import fts_query
+from tinycontext.store import SCHEMA_VERSION
 
 FACTS = [
     "The deploy script lives in ops/deploy.sh and needs the staging token.",
@@ -81,7 +82,7 @@ def test_stats_and_sessions(hash_engine):
     hash_engine.save(FACTS[3:], session_id="b")
     stats = hash_engine.stats()
     assert stats["memories"] == stats["vectors"] == len(FACTS)
-    assert stats["sessions"] == 2 and stats["schema_version"] == 2
+    assert stats["sessions"] == 2 and stats["schema_version"] == SCHEMA_VERSION
     assert stats["embedder"] == hash_engine.embedder.identity
     assert stats["tokens"] == sum(hash_engine.tokens.count(f) for f in FACTS)
     assert {s["session_id"]: s["memories"] for s in hash_engine.sessions()} == {"a": 3, "b": 2}

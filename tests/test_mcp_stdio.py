@@ -52,7 +52,7 @@ def test_tools_over_stdio(tmp_path):
     async def scenario(session: ClientSession):
         # -- the tool list tells an agent when and how to use each tool
         tools = {t.name: t for t in (await session.list_tools()).tools}
-        assert set(tools) == TOOLS
+        assert TOOLS <= set(tools)  # other capabilities (browser, web) test their own tools
         assert "before answering" in tools["recall_memories"].description
         assert "self-contained fact" in tools["save_memories"].description
         assert tools["recall_memories"].annotations.readOnlyHint is True

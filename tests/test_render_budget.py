@@ -32,7 +32,9 @@ CONTENT = st.lists(st.sampled_from(WORDS) | st.text(st.characters(codec="utf-8",
 TAGS = st.lists(st.sampled_from(["a", "prefs", "infra", "long-tag-" + "x" * 40, "ünï"]), max_size=4)
 JSONISH = st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.text(max_size=30)
 METADATA = st.dictionaries(st.text(min_size=1, max_size=10), JSONISH | st.lists(JSONISH, max_size=4), max_size=5)
-MEMORY = st.fixed_dictionaries({"content": CONTENT, "tags": TAGS, "metadata": METADATA})
+MEMORY = st.fixed_dictionaries({"content": CONTENT, "tags": TAGS, "metadata": METADATA}, optional={
+    "speaker": st.sampled_from(["Ana", "Ben", "Dr. Ünal Kaya"]), "occurred_at": st.sampled_from(["2023-05-08", "2024-02-29T23:59"]),
+    "attachments": st.lists(CONTENT, max_size=2)})
 RATIOS: list[float] = []
 
 

@@ -27,8 +27,7 @@ def counts(engine: MemoryEngine) -> tuple[int, int, int, int]:
 
 def test_pragmas(hash_engine):
     store = hash_engine.store
-    assert SCHEMA_VERSION == 2
-    assert pragma(store, "user_version") == 2 == store.schema_version
+    assert pragma(store, "user_version") == SCHEMA_VERSION == store.schema_version
     assert pragma(store, "journal_mode") == "wal"
     assert pragma(store, "busy_timeout") == BUSY_TIMEOUT_MS > 0
     assert pragma(store, "foreign_keys") == 1
@@ -74,7 +73,7 @@ def build_v1(path) -> list[int]:
 def test_migration_from_v1(config):
     ids = build_v1(config.memory_db_path)
     with MemoryEngine(config, embedder=HashEmbedder()) as eng:
-        assert eng.store.schema_version == 2
+        assert eng.store.schema_version == SCHEMA_VERSION
         assert eng.reindexed == len(V1_ROWS)
         assert counts(eng) == (3, 3, 3, 3)
         for mid, (session, content, tags, meta) in zip(ids, V1_ROWS):
@@ -93,7 +92,7 @@ def test_migration_from_v1(config):
         assert eng.update(ids[1], "Standup moved to 10:00.")["history"][0]["content"] == V1_ROWS[1][1]
     # Reopening does not migrate or re-embed again.
     with MemoryEngine(config, embedder=HashEmbedder()) as eng:
-        assert eng.reindexed == 0 and eng.store.schema_version == 2 and counts(eng)[:3] == (3, 3, 3)
+        assert eng.reindexed == 0 and eng.store.schema_version == SCHEMA_VERSION and counts(eng)[:3] == (3, 3, 3)
 
 
 def test_newer_schema_is_refused(config):

@@ -195,6 +195,10 @@ def _save_args(parser):
     parser.add_argument("--tag", action="append", default=[], help="tag (repeatable)")
     parser.add_argument("--session", help="session to save into (default: 'default')")
     parser.add_argument("--metadata", help="JSON object stored with each memory")
+    parser.add_argument("--speaker", help="who said it (conversation turns)")
+    parser.add_argument("--occurred-at", help="when it happened, ISO 8601 (2023-05-08 or 2023-05-08T13:56)")
+    parser.add_argument("--attachment", action="append", default=[], help="text description of something shared, e.g. an image caption (repeatable)")
+    parser.add_argument("--episode", help="episode key (thread); by default one call's turns form one episode")
     add_json(parser)
 
 
@@ -205,8 +209,10 @@ def save(args):
         memories = [with_defaults(m, args.tag, metadata) for m in read_memories(sys.stdin.read())]
     else:
         memories = [{"content": text, "tags": args.tag, "metadata": metadata or {}} for text in args.content]
+    turn = {k: v for k, v in (("speaker", args.speaker), ("occurred_at", args.occurred_at), ("attachments", args.attachment)) if v}
+    memories = [{**turn, **m} if isinstance(m, dict) else m for m in memories]  # a memory's own values win
     with open_engine(args) as engine:
-        result = engine.save(memories, session_id=args.session)
+        result = engine.save(memories, session_id=args.session, episode=args.episode)
     lines = [f"Saved {len(result['ids'])} memor{'y' if len(result['ids']) == 1 else 'ies'} in session {result['session_id']}"
              + (f": ids {', '.join(map(str, result['ids']))} ({result['total_tokens']} tokens)" if result["ids"] else "")]
     for skip in result["skipped"]:

@@ -52,6 +52,15 @@ class TinyContextConfig(BaseModel):
     recall_dense_weight: float = Field(0.5, ge=0.0, le=1.0)
     # k=10 beat the customary 60 on SciFact train (0.727 vs 0.718 nDCG@10) and LoCoMo (R@10 0.65 vs 0.60).
     recall_rrf_k: float = Field(10, gt=0)
+    # Conversations (tinycontext/conversation.py): a turn gains weight / (3 + its episode's rank), a
+    # share of the score of the turn before/after it, and x(1 + boost) when the query names its speaker.
+    # 0 turns a signal off. Chosen on LoCoMo dev with leave-one-conversation-out checks (notes/locomo.md).
+    recall_episode_weight: float = Field(0.2, ge=0.0, le=10.0)
+    recall_neighbour_weight: float = Field(0.3, ge=0.0, le=1.0)
+    recall_speaker_boost: float = Field(0.5, ge=0.0, le=10.0)
+    # Which memories of one save call form an episode when they name none: "turns" (those with a
+    # speaker), "all", or "none".
+    auto_episode: Literal["turns", "all", "none"] = "turns"
     dense_query_prefix: str = ""
     dense_document_prefix: str = ""
     # Cosine similarity at or above which a new memory is reported as a near-duplicate.
@@ -83,11 +92,26 @@ class TinyContextConfig(BaseModel):
     scrape_links_max_tokens: int = Field(300, ge=0, le=10_000)
     # Longest passage scrape_urls cuts a page into (passages follow headings and paragraphs).
     scrape_chunk_tokens: int = Field(160, ge=20, le=2000)
+    # Browser tools (tinycontext.web.browser): "off" removes them from the MCP tool list and the REST app.
+    browser_backend: Literal["chromium", "off"] = "chromium"
+    # A Chromium/Chrome binary; None: look for chromium, chromium-browser, google-chrome on PATH.
+    browser_executable_path: Path | None = None
+    # Drive a browser that is already running (ws:// or http:// DevTools endpoint) instead of launching one.
+    browser_cdp_url: str | None = None
+    browser_max_sessions: int = Field(4, ge=1, le=256)
+    # How long a new client waits for a free browser session before a browser_busy error.
+    browser_session_wait_seconds: float = Field(10.0, ge=0)
+    # A client's browser session (context, tabs, cookies) closes after this long unused.
+    browser_idle_seconds: float = Field(300.0, gt=0)
+    # Limit for one navigation or action (page load, wait_for).
+    browser_timeout_seconds: float = Field(15.0, gt=0)
+    # Default token budget of one browser view.
+    browser_max_tokens: int = Field(2000, ge=64, le=1_000_000)
 
-    @field_validator("memory_db_path", "models_dir", mode="after")
+    @field_validator("memory_db_path", "models_dir", "browser_executable_path", mode="after")
     @classmethod
-    def _expand(cls, value: Path) -> Path:
-        return value.expanduser()
+    def _expand(cls, value: Path | None) -> Path | None:
+        return value if value is None else value.expanduser()
 
 
 FIELDS = TinyContextConfig.model_fields

@@ -155,6 +155,11 @@ class Doctor:
             return f"{path} not created yet; the first save creates it", {"exists": False}
         return _inspect_database(path, self.embedder.identity if self.embedder else None)
 
+    def browser(self):
+        from .web.browser.launch import describe
+
+        return describe(self.config)
+
     def run(self) -> dict:
         self.check("python", self.python)
         self.check("config", self.config_check)
@@ -165,6 +170,7 @@ class Doctor:
         self.check("embedding", self.embedding, needs=self.bundle)
         self.check("tokenizer", self.tokenizer, needs=self.config)
         self.check("database", self.database, needs=self.config)
+        self.check("browser", self.browser, needs=self.config)
         config = self.config
         return {
             "ok": all(c["ok"] for c in self.checks),

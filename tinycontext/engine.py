@@ -12,13 +12,16 @@ import json
 import threading
 import time
 import unicodedata
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import conversation
 from .budget import TokenCounter, fit_budget
 from .config import TinyContextConfig
 from .embeddings import Embedder
@@ -49,13 +52,22 @@ VEC_KNN_MAX = 4096
 
 
 class MemoryInput(BaseModel):
-    """One memory to save. ``content`` is what recall returns and what the budget counts."""
+    """One memory to save. ``content`` is what recall returns and what the budget counts.
+
+    Conversation turns may also say when they happened (``occurred_at``, ISO 8601), who said them
+    (``speaker``), what was shared with them (``attachments``: text such as an image caption) and
+    which ``episode`` (chat session, thread) they belong to; see tinycontext/conversation.py.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     content: str
     tags: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    occurred_at: str | datetime | date | None = Field(None, description="When it happened (ISO 8601: 2023-05-08 or 2023-05-08T13:56).")
+    speaker: str | None = Field(None, description="Who said it (a conversation turn).")
+    attachments: list[str] = Field(default_factory=list, description="Text descriptions of what was shared with it, e.g. an image caption.")
+    episode: str | None = Field(None, description="Episode key (chat session, thread); one save call's turns form one by default.")
 
 
 def _depth(value: Any, level: int = 0) -> int:
@@ -200,15 +212,26 @@ class MemoryEngine:
             _clean_text(meta_json, f"{where}.metadata")
             if too_deep or len(meta_json.encode("utf-8")) > MAX_METADATA_BYTES:
                 raise InvalidInputError(f"{where}.metadata is too large (max {MAX_METADATA_BYTES} bytes, depth {MAX_METADATA_DEPTH}).", index=i)
-            out.append(MemoryInput(content=content, tags=_normalise_tags(item.tags, where), metadata=item.metadata))
+            out.append(MemoryInput(
+                content=content, tags=_normalise_tags(item.tags, where), metadata=item.metadata,
+                occurred_at=conversation.parse_occurred_at(item.occurred_at, where),
+                speaker=conversation.check_label(item.speaker, "speaker", conversation.MAX_SPEAKER_CHARS, where),
+                attachments=conversation.check_attachments(item.attachments, where),
+                episode=conversation.check_label(item.episode, "episode", conversation.MAX_EPISODE_CHARS, where),
+            ))
         return out
 
-    def save(self, memories, *, session_id: str | None = None) -> dict:
+    def save(self, memories, *, session_id: str | None = None, episode: str | None = None) -> dict:
+        """Save memories into a session. ``episode`` names the episode of those that name none;
+        without it, one call's memories form a new episode as ``auto_episode`` says."""
         items = self._validate(memories)
         session = _check_session(session_id) or DEFAULT_SESSION
-        hashes = [_content_hash(m.content) for m in items]
-        tokens = self.tokens.count_many([m.content for m in items])
-        vectors = self.embedder.embed_documents([m.content for m in items], progress=self.progress)
+        call_episode = conversation.check_label(episode, "episode", conversation.MAX_EPISODE_CHARS, "save")
+        indexed = [conversation.embedding_text(m.content, m.speaker, m.occurred_at, m.attachments) for m in items]
+        # The same words said by another speaker or on another day are another memory.
+        hashes = [_content_hash(text) for text in indexed]
+        tokens = self.tokens.count_many([conversation.display_text(m.content, m.speaker, m.attachments) for m in items])
+        vectors = self.embedder.embed_documents(indexed, progress=self.progress)
         saved: list[dict] = []
         skipped: list[dict] = []
         near: list[dict] = []
@@ -220,6 +243,8 @@ class MemoryEngine:
             conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, created))
             batch_seen: dict[str, int] = {}
             batch_kept: list[tuple[int, np.ndarray]] = []
+            episodes: dict[str, int] = {}
+            auto_key = f"save-{uuid.uuid4().hex[:16]}"
             for i, (item, digest, vector) in enumerate(zip(items, hashes, vectors)):
                 existing = conn.execute(
                     "SELECT id FROM memories WHERE session_id = ? AND content_hash = ? LIMIT 1", (session, digest)
@@ -235,11 +260,18 @@ class MemoryEngine:
                         skipped.append({**report, "reason": "near_duplicate"})
                         continue
                     near.append(report)
+                key = item.episode or call_episode or self._auto_episode(item, auto_key)
+                if key is not None and key not in episodes:
+                    conn.execute("INSERT OR IGNORE INTO episodes(session_id, key, created_at) VALUES (?, ?, ?)", (session, key, created))
+                    episodes[key] = conn.execute("SELECT id FROM episodes WHERE session_id = ? AND key = ?", (session, key)).fetchone()[0]
                 cursor = conn.execute(
-                    "INSERT INTO memories(session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)",
+                    "INSERT INTO memories(session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
+                    " occurred_at, speaker, attachments, context, episode_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?)",
                     (session, item.content, json.dumps(item.tags, ensure_ascii=False), json.dumps(item.metadata, ensure_ascii=False),
-                     digest, tokens[i], created, created),
+                     digest, tokens[i], created, created, item.occurred_at, item.speaker,
+                     json.dumps(item.attachments, ensure_ascii=False),
+                     conversation.search_context(item.speaker, item.occurred_at, item.attachments),
+                     None if key is None else episodes[key]),
                 )
                 mid = cursor.lastrowid
                 conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(mid, t) for t in item.tags])
@@ -249,6 +281,7 @@ class MemoryEngine:
                 saved.append({"index": i, "id": mid, "tokens": tokens[i]})
             if batch_kept:
                 self.index.add(session, [mid for mid, _ in batch_kept], np.stack([v for _, v in batch_kept]))
+            conversation.index_episodes(conn, episodes.values())
         return {
             "session_id": session,
             "ids": [s["id"] for s in saved],
@@ -257,6 +290,10 @@ class MemoryEngine:
             "near_duplicates": near,
             "total_tokens": sum(s["tokens"] for s in saved),
         }
+
+    def _auto_episode(self, item: MemoryInput, key: str) -> str | None:
+        mode = self.config.auto_episode
+        return key if mode == "all" or (mode == "turns" and item.speaker) else None
 
     @staticmethod
     def _vec0_nearest(conn, session: str, vector: np.ndarray) -> tuple[int, float] | None:
@@ -271,7 +308,8 @@ class MemoryEngine:
 
     def recall(self, query: str, *, session_id: str | None = None, max_tokens: int | None = None, top_k: int | None = None,
                tags: Sequence[str] | None = None, offset: int = 0, dense_weight: float | None = None,
-               rrf_k: float | None = None, candidates: int | None = None, filters: Filters | dict | None = None) -> dict:
+               rrf_k: float | None = None, candidates: int | None = None, filters: Filters | dict | None = None,
+               episode_weight: float | None = None, neighbour_weight: float | None = None, speaker_boost: float | None = None) -> dict:
         """The library answer: full memory dicts whose content fits ``max_tokens``. Interfaces that
         hand text to an agent use :meth:`recall_rendered`, whose budget covers what they render.
         ``filters`` (see :mod:`tinycontext.filters`) narrows by tags, metadata and time."""
@@ -279,7 +317,8 @@ class MemoryEngine:
         max_tokens = self.config.recall_max_tokens if max_tokens is None else max_tokens
         _check_int(max_tokens, "max_tokens", 1, 1_000_000, RecallBudgetError)
         ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset,
-                            dense_weight=dense_weight, rrf_k=rrf_k, candidates=candidates, filters=filters)
+                            dense_weight=dense_weight, rrf_k=rrf_k, candidates=candidates, filters=filters,
+                            episode_weight=episode_weight, neighbour_weight=neighbour_weight, speaker_boost=speaker_boost)
         window = ranked["window"]
         chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, ranked["top_k"])
         memories = [window[p] for p in chosen]
@@ -311,7 +350,8 @@ class MemoryEngine:
 
     def _rank(self, query: str, *, session_id: str | None, top_k: int | None, tags: Sequence[str] | None, offset: int,
               dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None,
-              filters: Filters | dict | None = None) -> dict:
+              filters: Filters | dict | None = None, episode_weight: float | None = None,
+              neighbour_weight: float | None = None, speaker_boost: float | None = None) -> dict:
         """Ranked memories from ``offset`` on (full dicts with rank and scores), before any budget."""
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query must be non-empty text: say what you want to remember.")
@@ -321,6 +361,9 @@ class MemoryEngine:
         _check_int(offset, "offset", 0, MAX_OFFSET)
         weight = _check_number(self.config.recall_dense_weight if dense_weight is None else dense_weight, "dense_weight", 0.0, 1.0)
         k = _check_number(self.config.recall_rrf_k if rrf_k is None else rrf_k, "rrf_k", 0.0, 1e6)
+        episode_weight = _check_number(self.config.recall_episode_weight if episode_weight is None else episode_weight, "episode_weight", 0.0, 10.0)
+        neighbour_weight = _check_number(self.config.recall_neighbour_weight if neighbour_weight is None else neighbour_weight, "neighbour_weight", 0.0, 1.0)
+        speaker_boost = _check_number(self.config.recall_speaker_boost if speaker_boost is None else speaker_boost, "speaker_boost", 0.0, 10.0)
         depth = max(_check_int(self.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000), offset + top_k)
         session = _check_session(session_id)
         tag_list = _normalise_tags([] if tags is None else tags, "tags")
@@ -334,6 +377,8 @@ class MemoryEngine:
         bm25_hits = self._bm25(query, session, tag_list, depth, filters) if weight < 1.0 else []
         dense_hits = self._dense(query, session, tag_list, depth, filters, vector=vector.result()) if vector else []
         ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
+        if ranked and (episode_weight or neighbour_weight or speaker_boost):
+            ranked = self._conversation_rerank(query, session, ranked, dense_hits, episode_weight, neighbour_weight, speaker_boost)
         window = ranked[offset:]
         rows = self._rows([c.id for c in window])
         memories = [
@@ -341,6 +386,19 @@ class MemoryEngine:
             for position, c in enumerate(c for c in window if c.id in rows)
         ]
         return {"query": query, "session_id": session, "top_k": top_k, "window": memories, "candidates": len(ranked)}
+
+    def _conversation_rerank(self, query: str, session: str | None, ranked: list, dense_hits: list, episode_weight: float,
+                             neighbour_weight: float, speaker_boost: float) -> list:
+        info = {r[0]: (r[1], r[2]) for r in self.store.read(
+            "SELECT id, episode_id, speaker FROM memories WHERE id IN (SELECT value FROM json_each(?)) "
+            "AND (episode_id IS NOT NULL OR speaker IS NOT NULL)", (json.dumps([c.id for c in ranked]),))}
+        if not info:  # no conversation turns among the candidates: nothing to re-score
+            return ranked
+        has_episodes = any(e is not None for e, _ in info.values())
+        episode_hits = conversation.episode_bm25(self.store, query, session) if episode_weight and has_episodes else []
+        return conversation.rerank(ranked, info, query=query, episode_hits=episode_hits, dense_hits=dense_hits,
+                                   episode_weight=episode_weight if has_episodes else 0.0,
+                                   neighbour_weight=neighbour_weight if has_episodes else 0.0, speaker_boost=speaker_boost)
 
     @staticmethod
     def _filter_sql(tags: Sequence[str], filters: Filters | None, id_column: str) -> tuple[str, list]:
@@ -362,10 +420,10 @@ class MemoryEngine:
             session = None  # the only session: filtering by it changes nothing, and the join costs ~25%
         if session is None:
             # Every FTS row is a memory (triggers), so no join is needed to read ids.
-            sql, params, id_column = ("SELECT rowid, -bm25(memories_fts, 1.0, 0.5) AS score FROM memories_fts "
+            sql, params, id_column = ("SELECT rowid, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score FROM memories_fts "
                                       "WHERE memories_fts MATCH ?"), [match], "rowid"
         else:
-            sql, params, id_column = ("SELECT m.id, -bm25(memories_fts, 1.0, 0.5) AS score FROM memories_fts "
+            sql, params, id_column = ("SELECT m.id, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score FROM memories_fts "
                                       "JOIN memories m ON m.id = memories_fts.rowid WHERE memories_fts MATCH ? "
                                       "AND m.session_id = ?"), [match, session], "m.id"
         # The filter is part of the FTS query, so the LIMIT keeps the best matches that pass it.
@@ -432,8 +490,11 @@ class MemoryEngine:
             "tags": current["tags"] if tags is None else tags,
             "metadata": current["metadata"] if metadata is None else metadata,
         }])[0]
-        vector = self.embedder.embed_documents([new.content])[0] if new.content != current["content"] else None
-        tokens = self.tokens.count(new.content)
+        # Who said it, when, and what was shared stay; only the words change.
+        facts = (current["speaker"], current["occurred_at"], current["attachments"])
+        indexed = conversation.embedding_text(new.content, *facts)
+        vector = self.embedder.embed_documents([indexed])[0] if new.content != current["content"] else None
+        tokens = self.tokens.count(conversation.display_text(new.content, facts[0], facts[2]))
         with self.index.write() as conn:
             row = conn.execute("SELECT version, content, tags, metadata, updated_at, created_at, session_id FROM memories WHERE id = ?", (memory_id,)).fetchone()
             if row is None:
@@ -446,8 +507,9 @@ class MemoryEngine:
             conn.execute(
                 "UPDATE memories SET content = ?, tags = ?, metadata = ?, content_hash = ?, tokens = ?, updated_at = ?, version = ? WHERE id = ?",
                 (new.content, json.dumps(new.tags, ensure_ascii=False), json.dumps(new.metadata, ensure_ascii=False),
-                 _content_hash(new.content), tokens, stamp, row[0] + 1, memory_id),
+                 _content_hash(indexed), tokens, stamp, row[0] + 1, memory_id),
             )
+            conversation.index_episodes(conn, [e for (e,) in conn.execute("SELECT episode_id FROM memories WHERE id = ? AND episode_id IS NOT NULL", (memory_id,))])
             conn.execute("DELETE FROM memory_tags WHERE memory_id = ?", (memory_id,))
             conn.executemany("INSERT INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(memory_id, t) for t in new.tags])
             if vector is not None:
@@ -458,7 +520,7 @@ class MemoryEngine:
     def delete(self, memory_id: int) -> dict:
         memory_id = _check_id(memory_id)
         with self.index.write() as conn:
-            row = conn.execute("SELECT session_id FROM memories WHERE id = ?", (memory_id,)).fetchone()
+            row = conn.execute("SELECT session_id, episode_id FROM memories WHERE id = ?", (memory_id,)).fetchone()
             if row is None:
                 raise MemoryNotFoundError(f"No memory with id {memory_id}; nothing was deleted.")
             conn.execute("DELETE FROM memory_vectors WHERE memory_id = ?", (memory_id,))
@@ -466,6 +528,8 @@ class MemoryEngine:
             conn.execute("DELETE FROM memory_tags WHERE memory_id = ?", (memory_id,))
             conn.execute("DELETE FROM memory_versions WHERE memory_id = ?", (memory_id,))
             conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
+            if row[1] is not None:
+                conversation.index_episodes(conn, [row[1]])
         return {"id": memory_id, "deleted": True}
 
     def sessions(self) -> list[dict]:
@@ -529,9 +593,13 @@ def close_engines() -> None:
         _engines.clear()
 
 
-def save_memories(memories, *, session_id: str | None = None, config: TinyContextConfig | None = None) -> dict:
-    """Save memories (MemoryInput, dicts or strings) into a session ('default' when None)."""
-    return get_engine(config).save(memories, session_id=session_id)
+def save_memories(memories, *, session_id: str | None = None, episode: str | None = None,
+                  config: TinyContextConfig | None = None) -> dict:
+    """Save memories (MemoryInput, dicts or strings) into a session ('default' when None).
+
+    To save a conversation, save each chat session in one call, a turn per memory with its
+    ``speaker``, ``occurred_at`` and ``attachments``; the call's turns form one episode."""
+    return get_engine(config).save(memories, session_id=session_id, episode=episode)
 
 
 def recall_memories(query: str, *, session_id: str | None = None, max_tokens: int | None = None, top_k: int | None = None,

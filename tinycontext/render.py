@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from .budget import TokenCounter
+from .conversation import display_text
 from .errors import InvalidInputError, RecallBudgetError
 
 Detail = Literal["compact", "full"]
 DETAILS: tuple[str, ...] = ("compact", "full")
 # The smallest budget an interface accepts: the answer that says "nothing fits, raise it to N" must fit too.
 MIN_AGENT_TOKENS = 64
+CONVERSATION_FIELDS = ("occurred_at", "speaker", "attachments", "episode")
 # How many items to render and count at a time while filling a page.
 _CHUNK = 32
 
@@ -56,7 +58,13 @@ def check_agent_budget(max_tokens: Any) -> int:
 
 
 def memory_date(memory: dict) -> str:
-    return (memory.get("updated_at") or memory.get("created_at") or "")[:10]
+    """When it happened if the memory says so, else when it was last written."""
+    return (memory.get("occurred_at") or memory.get("updated_at") or memory.get("created_at") or "")[:10]
+
+
+def memory_text(memory: dict) -> str:
+    """The content as a reader needs it: ``Speaker: content [shares caption]`` for a turn."""
+    return one_line(display_text(memory["content"], memory.get("speaker"), memory.get("attachments") or ()))
 
 
 def memory_line(memory: dict, *, detail: Detail = "compact", with_session: bool = False) -> str:
@@ -72,13 +80,14 @@ def memory_line(memory: dict, *, detail: Detail = "compact", with_session: bool 
         facts.append(f"v{memory['version']}")
         if memory.get("metadata"):
             facts.append("metadata " + to_json(memory["metadata"]))
-    return f"- {one_line(memory['content'])} ({'; '.join(facts)})"
+    return f"- {memory_text(memory)} ({'; '.join(facts)})"
 
 
 def memory_item(memory: dict, *, detail: Detail = "compact") -> dict:
     """Structured content for one memory: compact = what an agent needs to act on it."""
     if detail == "full":
-        item = dict(memory)
+        # Conversation fields a memory does not use are left out rather than sent as nulls.
+        item = {k: v for k, v in memory.items() if k not in CONVERSATION_FIELDS or v not in (None, [])}
         if item.get("scores"):  # four decimals order memories as well as seventeen, for a quarter of the tokens
             item["scores"] = {k: None if v is None else round(v, 4) for k, v in item["scores"].items()}
         return item
@@ -86,6 +95,9 @@ def memory_item(memory: dict, *, detail: Detail = "compact") -> dict:
     if "rank" in memory:
         item["rank"] = memory["rank"]
     item["content"] = memory["content"]
+    for key in ("speaker", "attachments"):
+        if memory.get(key):
+            item[key] = memory[key]
     if memory.get("tags"):
         item["tags"] = memory["tags"]
     if memory_date(memory):

@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ModelMismatchError, StorageError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 10_000
 
 
@@ -107,9 +107,49 @@ MIGRATIONS: dict[int, str] = {
         INSERT OR IGNORE INTO memory_tags(memory_id, tag)
             SELECT memories.id, json_each.value FROM memories, json_each(memories.tags);
     """,
+    # v3: conversations. When a memory happened, who said it, what was shared with it, and the
+    # episode (chat session) it belongs to; FTS gains a `context` column (speaker, date words,
+    # attachments) and episodes get their own FTS index over their whole text.
+    3: """
+        CREATE TABLE episodes (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(id),
+            key TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            UNIQUE (session_id, key)
+        );
+        ALTER TABLE memories ADD COLUMN occurred_at TEXT;
+        ALTER TABLE memories ADD COLUMN speaker TEXT;
+        ALTER TABLE memories ADD COLUMN attachments TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE memories ADD COLUMN context TEXT NOT NULL DEFAULT '';
+        ALTER TABLE memories ADD COLUMN episode_id INTEGER REFERENCES episodes(id);
+        CREATE VIRTUAL TABLE episodes_fts USING fts5(text, tokenize='porter unicode61 remove_diacritics 2');
+        CREATE INDEX memories_episode ON memories(episode_id);
+        CREATE INDEX memories_occurred ON memories(session_id, occurred_at);
+        DROP TRIGGER memories_ai;
+        DROP TRIGGER memories_ad;
+        DROP TRIGGER memories_au;
+        DROP TABLE memories_fts;
+        CREATE VIRTUAL TABLE memories_fts USING fts5(
+            content, tags, context, content='memories', content_rowid='id',
+            tokenize='porter unicode61 remove_diacritics 2'
+        );
+        CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN
+            INSERT INTO memories_fts(rowid, content, tags, context) VALUES (new.id, new.content, new.tags, new.context);
+        END;
+        CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN
+            INSERT INTO memories_fts(memories_fts, rowid, content, tags, context) VALUES ('delete', old.id, old.content, old.tags, old.context);
+        END;
+        CREATE TRIGGER memories_au AFTER UPDATE OF content, tags, context ON memories BEGIN
+            INSERT INTO memories_fts(memories_fts, rowid, content, tags, context) VALUES ('delete', old.id, old.content, old.tags, old.context);
+            INSERT INTO memories_fts(rowid, content, tags, context) VALUES (new.id, new.content, new.tags, new.context);
+        END;
+        INSERT INTO memories_fts(memories_fts) VALUES ('rebuild');
+    """,
 }
 
-MEMORY_COLUMNS = "id, session_id, content, tags, metadata, tokens, created_at, updated_at, version"
+MEMORY_COLUMNS = ("id, session_id, content, tags, metadata, tokens, created_at, updated_at, version, occurred_at, speaker, "
+                  "attachments, (SELECT key FROM episodes WHERE episodes.id = memories.episode_id)")
 
 
 def row_to_memory(row) -> dict:
@@ -117,6 +157,7 @@ def row_to_memory(row) -> dict:
         "id": row[0], "session_id": row[1], "content": row[2], "tags": json.loads(row[3]),
         "metadata": json.loads(row[4]), "tokens": row[5], "created_at": row[6],
         "updated_at": row[7] or row[6], "version": row[8],
+        "occurred_at": row[9], "speaker": row[10], "attachments": json.loads(row[11]), "episode": row[12],
     }
 
 

@@ -5,7 +5,8 @@ Export format (one JSON object per line):
 * ``{"type": "header", "format": "tinycontext-export", "format_version": 1, "embedder": {...}, ...}``
 * ``{"type": "session", "id": ..., "created_at": ...}`` for every exported session
 * ``{"type": "memory", "id", "session_id", "content", "tags", "metadata", "created_at", "updated_at",
-  "version", "history": [...], "vector": base64 float32 | absent}``
+  "version", "history": [...], "vector": base64 float32 | absent}``, plus ``occurred_at``, ``speaker``,
+  ``attachments``, ``episode`` (conversation turns; null/empty otherwise)
 
 Import keeps ids, sessions, timestamps and history. A memory's vector is reused when the file's
 embedder identity equals the target's; otherwise the content is embedded again. Import is
@@ -26,7 +27,8 @@ from typing import IO, Iterable, Iterator
 
 import numpy as np
 
-from .engine import DEFAULT_SESSION, MemoryEngine, _check_session, _content_hash
+from . import conversation
+from .engine import DEFAULT_SESSION, MemoryEngine, MemoryInput, _check_session, _content_hash
 from .errors import InvalidInputError, SessionNotFoundError, StorageError
 from .model_hub import REGISTRY
 from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory
@@ -123,6 +125,13 @@ class _Row:
     version: int
     history: list[dict]
     vector: np.ndarray | None
+    turn: MemoryInput | None = None  # conversation fields (speaker, occurred_at, attachments, episode)
+
+    @property
+    def indexed(self) -> str:
+        """The text the vector and duplicate check use (see tinycontext/conversation.py)."""
+        t = self.turn
+        return self.content if t is None else conversation.embedding_text(self.content, t.speaker, t.occurred_at, t.attachments)
 
 
 def _bad(where: str, message: str) -> InvalidInputError:
@@ -142,10 +151,10 @@ def _decode_vector(raw, dims: int, where: str) -> np.ndarray | None:
     return vector if np.isfinite(vector).all() else None
 
 
-def _checked(engine: MemoryEngine, where: str, content, tags, metadata):
+def _checked(engine: MemoryEngine, where: str, content, tags, metadata, turn: dict | None = None):
     """Validate like save() does, so imported data obeys the same limits as saved data."""
     try:
-        item = engine._validate([{"content": content, "tags": tags or [], "metadata": metadata or {}}])[0]
+        item = engine._validate([{"content": content, "tags": tags or [], "metadata": metadata or {}, **(turn or {})}])[0]
     except InvalidInputError as exc:
         raise _bad(where, exc.message) from exc
     return item
@@ -186,13 +195,14 @@ def _jsonl_rows(engine: MemoryEngine, lines: Iterable[str], source: str) -> Iter
                 version = int(record.get("version") or len(history) + 1)
             except (KeyError, TypeError, ValueError, InvalidInputError) as exc:
                 raise _bad(where, f"a memory record needs id (positive integer), session_id and created_at ({exc}).") from exc
-            item = _checked(engine, where, record.get("content"), record.get("tags"), record.get("metadata"))
+            turn = {k: record[k] for k in ("occurred_at", "speaker", "attachments", "episode") if record.get(k) not in (None, [])}
+            item = _checked(engine, where, record.get("content"), record.get("tags"), record.get("metadata"), turn)
             for old in history:
                 if not isinstance(old, dict) or not {"version", "content", "created_at", "superseded_at"} <= old.keys():
                     raise _bad(where, "each history entry needs version, content, created_at and superseded_at.")
             vector = _decode_vector(record.get("vector"), identity["dimensions"], where) if reuse_vectors else None
             yield _Row(old_id, session, item.content, item.tags, item.metadata, created, record.get("updated_at"),
-                       version, history, vector)
+                       version, history, vector, item if turn else None)
         else:
             raise _bad(where, f"unknown record type {kind!r}.")
 
@@ -208,7 +218,7 @@ def _existing(query, row: _Row, digest: str, keep_ids: bool) -> str:
 
 def _insert(engine: MemoryEngine, rows: list[_Row], report: ImportReport, *, keep_ids: bool) -> None:
     """Embed what is new and lacks a vector, then insert the chunk in one transaction (FTS via trigger)."""
-    digests = [_content_hash(r.content) for r in rows]
+    digests = [_content_hash(r.indexed) for r in rows]
 
     def read_one(sql, params):
         return next(iter(engine.store.read(sql, params)), None)
@@ -222,10 +232,12 @@ def _insert(engine: MemoryEngine, rows: list[_Row], report: ImportReport, *, kee
     report.skipped += len(rows) - len(todo)
     missing = [r for r, _ in todo if r.vector is None]
     if missing:
-        for row, vector in zip(missing, engine.embedder.embed_documents([r.content for r in missing])):
+        for row, vector in zip(missing, engine.embedder.embed_documents([r.indexed for r in missing])):
             row.vector = vector
         report.embedded += len(missing)
-    tokens = engine.tokens.count_many([r.content for r, _ in todo])
+    tokens = engine.tokens.count_many([r.content if r.turn is None else conversation.display_text(r.content, r.turn.speaker, r.turn.attachments)
+                                       for r, _ in todo])
+    episodes: dict[tuple[str, str], int] = {}
     with engine.store.write() as conn:
 
         def read_tx(sql, params):
@@ -239,11 +251,21 @@ def _insert(engine: MemoryEngine, rows: list[_Row], report: ImportReport, *, kee
                 continue
             new_id = row.old_id if state == "insert" else None
             conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (row.session_id, row.created_at))
+            t = row.turn or MemoryInput(content=row.content)
+            episode = None
+            if t.episode is not None:
+                key = (row.session_id, t.episode)
+                if key not in episodes:
+                    conn.execute("INSERT OR IGNORE INTO episodes(session_id, key, created_at) VALUES (?, ?, ?)", (*key, row.created_at))
+                    episodes[key] = conn.execute("SELECT id FROM episodes WHERE session_id = ? AND key = ?", key).fetchone()[0]
+                episode = episodes[key]
             cursor = conn.execute(
-                "INSERT INTO memories(id, session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO memories(id, session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
+                " occurred_at, speaker, attachments, context, episode_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (new_id, row.session_id, row.content, json.dumps(row.tags, ensure_ascii=False),
-                 json.dumps(row.metadata, ensure_ascii=False), digest, count, row.created_at, row.updated_at, row.version),
+                 json.dumps(row.metadata, ensure_ascii=False), digest, count, row.created_at, row.updated_at, row.version,
+                 t.occurred_at, t.speaker, json.dumps(t.attachments, ensure_ascii=False),
+                 conversation.search_context(t.speaker, t.occurred_at, t.attachments), episode),
             )
             mid = cursor.lastrowid
             if row.old_id is not None and mid != row.old_id:
@@ -259,6 +281,7 @@ def _insert(engine: MemoryEngine, rows: list[_Row], report: ImportReport, *, kee
             )
             report.history += len(row.history)
             report.imported += 1
+        conversation.index_episodes(conn, episodes.values())
 
 
 def _run(engine: MemoryEngine, items: Iterable, report: ImportReport, *, keep_ids: bool) -> ImportReport:

@@ -25,6 +25,7 @@ from ..web.tools import router as web_router
 from ..errors import TinyContextError
 from ..filters import FilterSpec
 from ..render import MIN_AGENT_TOKENS, Detail
+from ..web.browser.tools import router as browser_router
 from .guard import ServeSettings, protect
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ STATUS = {
     "session_not_found": 404, "memory_not_found": 404,
     # The server cannot work until its operator fixes the model, config or disk: not the client's fault.
     "model_unavailable": 503, "model_mismatch": 503, "config_error": 503, "storage_error": 503, "missing_extra": 503,
+    "blocked": 403, "browser_busy": 503, "browser_error": 502,
 }
 HTTP_CODES = {400: "invalid_input", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
@@ -44,8 +46,9 @@ class _Request(BaseModel):
 
 
 class SaveRequest(_Request):
-    memories: list[MemoryInput] = Field(description="Memories to save: {content, tags?, metadata?} each (batch limit: max_batch_size).")
+    memories: list[MemoryInput] = Field(description="Memories to save: {content, tags?, metadata?, speaker?, occurred_at?, attachments?, episode?} each (batch limit: max_batch_size).")
     session_id: str | None = Field(None, description="Session to save into; 'default' when omitted.")
+    episode: str | None = Field(None, description="Episode key for memories that name none; one call's turns form one by default.")
 
 
 class RecallRequest(_Request):
@@ -228,7 +231,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
 
     @app.post("/save_memories", response_model=SaveResponse, summary="Save memories into a session")
     def save_memories(body: SaveRequest) -> dict:
-        return engines().save(body.memories, session_id=body.session_id)
+        return engines().save(body.memories, session_id=body.session_id, episode=body.episode)
 
     @app.post("/recall_memories", response_model=RecallResponse, summary="Recall the most relevant memories within a token budget")
     def recall_memories(body: RecallRequest) -> JSONResponse:
@@ -250,6 +253,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
         return engines().get(body.id)
 
     app.include_router(web_router(lambda: config or load_config()))
+    app.include_router(browser_router(config))
     return app
 
 

@@ -26,6 +26,7 @@ from ..web import tools as web_tools
 from ..errors import InvalidInputError, TinyContextError
 from ..filters import FilterSpec
 from ..render import DETAILS, MIN_AGENT_TOKENS, Page, memory_block
+from ..web.browser.tools import register as register_browser
 
 log = logging.getLogger(__name__)
 
@@ -124,15 +125,19 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
             "that will make sense later without this conversation (e.g. 'User prefers pnpm over npm for JS "
             "projects'). Batch several facts in one call. Do not save chit-chat, temporary state, things easy to "
             "look up again, or secrets (passwords, API keys). Exact repeats are skipped; near-duplicates are "
-            "reported, in which case prefer update_memory on the existing id."
+            "reported, in which case prefer update_memory on the existing id. To keep a conversation, save each chat "
+            "session in one call, one turn per memory with speaker and occurred_at (and attachments: captions of "
+            "shared images); the call's turns form one episode."
         ),
         annotations=ToolAnnotations(title="Save memories", readOnlyHint=False, destructiveHint=False, openWorldHint=False),
     )
     async def save_memories(
-        memories: Annotated[list[MemoryInput], Field(description="Memories to save: {content, tags?, metadata?} each.")],
+        memories: Annotated[list[MemoryInput], Field(description="Memories to save: {content, tags?, metadata?, speaker?, "
+                                                                 "occurred_at?, attachments?, episode?} each.")],
         session_id: Session = None,
+        episode: Annotated[str | None, Field(description="Episode key for memories that name none (e.g. a thread id).")] = None,
     ) -> CallToolResult:
-        return await answer(lambda engine: engine.save(memories, session_id=session_id), render_save)
+        return await answer(lambda engine: engine.save(memories, session_id=session_id, episode=episode), render_save)
 
     @server.tool(
         description=(
@@ -191,4 +196,5 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
         return await answer(lambda engine: engine.get(id), memory_block)
 
     web_tools.register(server, config)
+    register_browser(server, config)
     return server

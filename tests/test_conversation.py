@@ -1,0 +1,278 @@
+"""Conversations: occurred_at / speaker / attachments / episodes through the public API, the v3
+migration, and the recall signals of tinycontext/conversation.py."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime
+
+import pytest
+
+from conftest import HashEmbedder
+from tinycontext import InvalidInputError, MemoryEngine
+from tinycontext.conversation import (
+    date_words,
+    embedding_text,
+    mentioned_speaker,
+    parse_occurred_at,
+    rerank,
+)
+from tinycontext.engine import _content_hash
+from tinycontext.retrieval import Candidate
+from tinycontext.store import SCHEMA_VERSION, Store, now_iso
+
+CHAT_1 = [
+    {"content": "I adopted a puppy last week, her name is Biscuit!", "speaker": "Ana", "occurred_at": "2023-05-08T13:56"},
+    {"content": "Congrats! What breed is she?", "speaker": "Ben", "occurred_at": "2023-05-08T13:57"},
+    {"content": "A beagle, she loves the park.", "speaker": "Ana", "occurred_at": "2023-05-08T13:58",
+     "attachments": ["a photo of a small dog on grass"]},
+]
+CHAT_2 = [
+    {"content": "I started pottery classes on Tuesdays.", "speaker": "Ben", "occurred_at": "2023-06-20"},
+    {"content": "That sounds relaxing, send me a picture of your first bowl.", "speaker": "Ana", "occurred_at": "2023-06-20"},
+]
+
+
+# -- input ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, stored", [
+    ("2023-05-08", "2023-05-08"),
+    ("2023-05-08T13:56", "2023-05-08T13:56"),
+    ("2023-05-08T13:56:07", "2023-05-08T13:56:07"),
+    ("2023-05-08T13:56:00Z", "2023-05-08T13:56Z"),
+    ("2023-05-08T13:56+02:00", "2023-05-08T13:56+02:00"),
+    (date(2023, 5, 8), "2023-05-08"),
+    (datetime(2023, 5, 8, 13, 56), "2023-05-08T13:56"),
+    (None, None),
+])
+def test_occurred_at_is_normalised_iso(raw, stored):
+    assert parse_occurred_at(raw, "m") == stored
+
+
+@pytest.mark.parametrize("raw", ["yesterday", "2023-13-01", "", 20230508, "8 May 2023"])
+def test_occurred_at_refuses_what_is_not_iso(raw):
+    with pytest.raises(InvalidInputError, match="occurred_at"):
+        parse_occurred_at(raw, "memories[0]")
+
+
+def test_text_forms():
+    assert date_words("2023-05-08T13:56") == "8 May 2023" and date_words(None) == ""
+    assert embedding_text("hi", "Ana", "2023-05-08", ["a dog"]) == "[8 May 2023] Ana: hi [shares a dog]"
+    assert embedding_text("plain memory") == "plain memory"
+
+
+@pytest.mark.parametrize("bad", [{"speaker": ""}, {"speaker": "x" * 101}, {"attachments": "a caption"},
+                                 {"attachments": [""]}, {"episode": 7}, {"occurred_at": "soon"}])
+def test_bad_turn_fields_are_typed_errors_and_save_nothing(hash_engine, bad):
+    with pytest.raises(InvalidInputError):
+        hash_engine.save([{"content": "fine"}, {"content": "turn", **bad}])
+    assert hash_engine.stats()["memories"] == 0
+
+
+# -- saving and reading -------------------------------------------------------------------------------
+
+def test_turn_fields_round_trip_and_episodes_per_call(hash_engine):
+    first = hash_engine.save(CHAT_1, session_id="chat")
+    second = hash_engine.save(CHAT_2, session_id="chat")
+    plain = hash_engine.save(["a plain note without a speaker"], session_id="chat")
+    memory = hash_engine.get(first["ids"][2])
+    assert (memory["content"], memory["speaker"], memory["occurred_at"], memory["attachments"]) == (
+        "A beagle, she loves the park.", "Ana", "2023-05-08T13:58", ["a photo of a small dog on grass"])
+    episodes = {hash_engine.get(i)["episode"] for i in first["ids"]}
+    assert len(episodes) == 1 and None not in episodes
+    assert {hash_engine.get(i)["episode"] for i in second["ids"]} != episodes
+    assert hash_engine.get(plain["ids"][0])["episode"] is None  # auto_episode="turns": only turns
+    # The budget counts what a reader needs: speaker and attachment included.
+    assert memory["tokens"] == hash_engine.tokens.count("Ana: A beagle, she loves the park. [shares a photo of a small dog on grass]")
+
+
+def test_same_words_other_speaker_or_day_are_not_duplicates(hash_engine):
+    saved = hash_engine.save([{"content": "Thanks!", "speaker": "Ana"}, {"content": "Thanks!", "speaker": "Ben"},
+                              {"content": "Thanks!", "speaker": "Ana", "occurred_at": "2023-01-02"},
+                              {"content": "Thanks!", "speaker": "Ana"}])
+    assert len(saved["ids"]) == 3 and saved["skipped"] == [{"index": 3, "reason": "duplicate", "duplicate_of": saved["ids"][0]}]
+
+
+def test_explicit_episode_spans_calls(hash_engine):
+    a = hash_engine.save(CHAT_1[:2], session_id="chat", episode="thread-7")
+    b = hash_engine.save([{**CHAT_1[2], "episode": "thread-7"}, {"content": "other thread", "episode": "x"}], session_id="chat")
+    assert {hash_engine.get(i)["episode"] for i in a["ids"] + b["ids"][:1]} == {"thread-7"}
+    assert hash_engine.get(b["ids"][1])["episode"] == "x"
+    text = hash_engine.store.read("SELECT text FROM episodes_fts JOIN episodes e ON e.id = episodes_fts.rowid WHERE e.key = 'thread-7'")[0][0]
+    assert "Biscuit" in text and "beagle" in text and "8 May 2023" in text
+
+
+def test_date_words_speaker_and_captions_are_searchable(hash_engine):
+    hash_engine.save(CHAT_1, session_id="chat")
+    hash_engine.save(CHAT_2, session_id="chat")
+    by_date = hash_engine.recall("June 2023", dense_weight=0.0)["memories"]
+    assert [m["occurred_at"] for m in by_date[:2]] == ["2023-06-20"] * 2 and len(by_date) == 5
+    by_caption = hash_engine.recall("photo grass", dense_weight=0.0)["memories"]
+    assert by_caption[0]["content"] == "A beagle, she loves the park."
+
+
+def test_episode_text_follows_update_and_delete(hash_engine):
+    ids = hash_engine.save(CHAT_1, session_id="chat")["ids"]
+    episode_text = lambda: hash_engine.store.read("SELECT group_concat(text) FROM episodes_fts")[0][0] or ""
+    updated = hash_engine.update(ids[1], "Congrats! Is she a corgi?")
+    assert updated["speaker"] == "Ben" and updated["occurred_at"] == "2023-05-08T13:57"
+    assert "corgi" in episode_text() and "breed" not in episode_text()
+    for mid in ids:
+        hash_engine.delete(mid)
+    assert episode_text() == ""
+    assert hash_engine.store.read("SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'beagle'")[0][0] == 0
+
+
+# -- recall signals ------------------------------------------------------------------------------------
+
+def test_mentioned_speaker():
+    assert mentioned_speaker("What did ana adopt?", {"Ana", "Ben"}) == "Ana"
+    assert mentioned_speaker("Did Ana and Ben meet?", {"Ana", "Ben"}) is None
+    assert mentioned_speaker("What about Banana?", {"Ana"}) is None
+
+
+def _cands(*scores):
+    return [Candidate(i, bm25_rank=i, rrf=s) for i, s in enumerate(scores, start=1)]
+
+
+def test_rerank_speaker_boost_neighbours_and_episodes():
+    info = {1: (10, "Ana"), 2: (10, "Ben"), 3: (20, "Ben")}
+    off = dict(episode_hits=[], dense_hits=[], episode_weight=0.0, neighbour_weight=0.0)
+    # Speaker: Ben's turns overtake Ana's when the query names Ben.
+    assert [c.id for c in rerank(_cands(0.10, 0.09, 0.08), info, query="What did Ben say?", speaker_boost=0.5, **off)] == [2, 3, 1]
+    # Neighbours: 2 follows 1 in episode 10 and gains from it; 3 is in another episode.
+    ranked = rerank(_cands(0.10, 0.01, 0.02), info, query="q", speaker_boost=0.0, **{**off, "neighbour_weight": 0.3})
+    assert [c.id for c in ranked] == [1, 2, 3] and ranked[1].rrf == pytest.approx(0.01 + 0.03)
+    # Episodes: episode 20 ranks first by BM25 and best dense turn, so its turn overtakes.
+    ranked = rerank(_cands(0.10, 0.09, 0.095), info, query="q", speaker_boost=0.0, episode_hits=[(20, 5.0), (10, 1.0)],
+                    dense_hits=[(3, 0.9), (1, 0.2)], episode_weight=0.2, neighbour_weight=0.0)
+    assert [c.id for c in ranked] == [3, 1, 2]
+
+
+def test_plain_memories_rank_as_before(config):
+    notes = ["The deploy key rotates every 90 days.", "Standup is at 09:30 in room Ada.", "Water the ficus on Sundays.",
+             "The deploy runbook lives in the wiki."]
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        eng.save(notes)
+        on = eng.recall("deploy key rotation wiki")
+        off = eng.recall("deploy key rotation wiki", episode_weight=0.0, neighbour_weight=0.0, speaker_boost=0.0)
+    assert [m["id"] for m in on["memories"]] == [m["id"] for m in off["memories"]]
+    assert [m["scores"] for m in on["memories"]] == [m["scores"] for m in off["memories"]]
+
+
+def test_recall_knobs_are_checked(hash_engine):
+    hash_engine.save(CHAT_1)
+    for knob in ("episode_weight", "neighbour_weight", "speaker_boost"):
+        with pytest.raises(InvalidInputError, match=knob):
+            hash_engine.recall("dog", **{knob: -1})
+
+
+def test_episode_lifts_the_answer_turn_real_model(engine):
+    """The turn that answers ("a beagle") shares no word with the question; its episode does."""
+    engine.save(CHAT_1, session_id="chat")
+    engine.save(CHAT_2, session_id="chat")
+    engine.save([{"content": "My cousin has a parrot that talks.", "speaker": "Ben", "occurred_at": "2023-07-01"},
+                 {"content": "Parrots can live for decades.", "speaker": "Ana", "occurred_at": "2023-07-01"}], session_id="chat")
+    question = "What breed is Ana's puppy Biscuit?"
+    top = [m["content"] for m in engine.recall(question, session_id="chat", top_k=3)["memories"]]
+    assert "A beagle, she loves the park." in top
+    without = [m["content"] for m in engine.recall(question, session_id="chat", top_k=3, episode_weight=0.0,
+                                                    neighbour_weight=0.0, speaker_boost=0.0)["memories"]]
+    assert top.index("A beagle, she loves the park.") <= (without.index("A beagle, she loves the park.") if "A beagle, she loves the park." in without else 3)
+
+
+# -- migration ----------------------------------------------------------------------------------------
+
+def test_migration_v2_to_v3_keeps_everything(config):
+    store = Store(config.memory_db_path, target_version=2)
+    rows = [("work", "The deploy key rotates every 90 days.", ["ops"]), ("home", "Water the ficus on Sundays.", [])]
+    ids = []
+    with store.write() as conn:
+        for session, content, tags in rows:
+            stamp = now_iso()
+            conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, stamp))
+            ids.append(conn.execute(
+                "INSERT INTO memories(session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version)"
+                " VALUES (?, ?, ?, '{}', ?, 5, ?, ?, 1)", (session, content, json.dumps(tags), _content_hash(content), stamp, stamp)).lastrowid)
+            conn.executemany("INSERT INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(ids[-1], t) for t in tags])
+    store.close()
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        assert eng.store.schema_version == SCHEMA_VERSION == 3
+        for mid, (session, content, tags) in zip(ids, rows):
+            m = eng.get(mid)
+            assert (m["session_id"], m["content"], m["tags"], m["speaker"], m["occurred_at"], m["episode"]) == (session, content, tags, None, None, None)
+        assert [m["id"] for m in eng.recall("deploy key", dense_weight=0.0)["memories"]] == [ids[0]]  # FTS rebuilt
+        new = eng.save([{"content": "hello", "speaker": "Ana"}], session_id="work")["ids"][0]
+        assert new > max(ids)
+    # Re-running the migration changes nothing.
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        eng.store.migrate()
+        assert eng.store.read("SELECT count(*) FROM memories")[0][0] == 3
+        assert eng.store.read("SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'ficus'")[0][0] == 1
+
+
+# -- interfaces ---------------------------------------------------------------------------------------
+
+def test_mcp_save_and_recall_a_conversation(tmp_path):
+    import anyio
+    from mcp.shared.memory import create_connected_server_and_client_session
+
+    from tinycontext import TinyContextConfig, close_engines
+    from tinycontext.servers.mcp_server import build_server
+
+    server = build_server(TinyContextConfig(memory_db_path=tmp_path / "memory.db", models_dir=tmp_path / "models"))
+
+    async def scenario():
+        async with create_connected_server_and_client_session(server) as client:
+            saved = await client.call_tool("save_memories", {"memories": CHAT_1, "session_id": "chat"})
+            assert not saved.isError, saved.content[0].text
+            bad = await client.call_tool("save_memories", {"memories": [{"content": "x", "occurred_at": "someday"}]})
+            assert bad.isError and bad.content[0].text.startswith("invalid_input: ")
+            result = await client.call_tool("recall_memories", {"query": "beagle park dog", "session_id": "chat", "top_k": 1})
+            line = result.content[0].text.splitlines()[0]
+            assert line.startswith("- Ana: A beagle, she loves the park. [shares a photo of a small dog on grass] (2023-05-08; id ")
+            item = result.structuredContent["memories"][0]
+            assert (item["speaker"], item["attachments"], item["date"]) == ("Ana", ["a photo of a small dog on grass"], "2023-05-08")
+            full = await client.call_tool("recall_memories", {"query": "beagle", "session_id": "chat", "top_k": 1, "detail": "full"})
+            assert full.structuredContent["memories"][0]["occurred_at"] == "2023-05-08T13:58"
+
+    try:
+        anyio.run(scenario)
+    finally:
+        close_engines()
+
+
+def test_cli_save_turn_flags(env, capsys):
+    from tinycontext.cli import main
+
+    assert main(["save", "I moved to Lisbon.", "--speaker", "Ana", "--occurred-at", "2024-03-01", "--episode", "t1",
+                 "--attachment", "a photo of a tram", "--session", "chat"]) == 0
+    capsys.readouterr()
+    assert main(["recall", "Lisbon tram", "--session", "chat", "--json"]) == 0
+    item = json.loads(capsys.readouterr().out)["memories"][0]
+    assert (item["speaker"], item["date"], item["attachments"]) == ("Ana", "2024-03-01", ["a photo of a tram"])
+    assert main(["get", str(item["id"]), "--json"]) == 0
+    memory = json.loads(capsys.readouterr().out)
+    assert (memory["occurred_at"], memory["episode"]) == ("2024-03-01", "t1")
+    assert main(["save", "x", "--occurred-at", "March"]) == 1
+    assert capsys.readouterr().err.startswith("invalid_input: ")
+
+
+def test_export_import_keeps_turn_fields(tmp_path):
+    from tinycontext import TinyContextConfig
+    from tinycontext.transfer import import_jsonl, iter_export
+
+    source = TinyContextConfig(memory_db_path=tmp_path / "a.db", models_dir=tmp_path / "models")
+    target = TinyContextConfig(memory_db_path=tmp_path / "b.db", models_dir=tmp_path / "models")
+    with MemoryEngine(source, embedder=HashEmbedder()) as a:
+        ids = a.save(CHAT_1, session_id="chat")["ids"] + a.save(["plain note"], session_id="chat")["ids"]
+        lines = [json.dumps(r) for r in iter_export(a)]
+        before = [a.get(i, history=False) for i in ids]
+    for _ in range(2):  # the second import changes nothing
+        with MemoryEngine(target, embedder=HashEmbedder()) as b:
+            import_jsonl(b, lines)
+            after = [b.get(i, history=False) for i in ids]
+            assert after == before
+            assert b.store.read("SELECT count(*) FROM memories")[0][0] == 4
+            assert b.store.read("SELECT count(*) FROM episodes_fts WHERE episodes_fts MATCH 'beagle'")[0][0] == 1
+            assert [m["id"] for m in b.recall("photo grass", dense_weight=0.0, top_k=1)["memories"]] == [ids[2]]

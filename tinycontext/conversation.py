@@ -1,0 +1,203 @@
+"""Conversations as data: when a memory happened, who said it, which turns belong together.
+
+A memory may state ``occurred_at`` (when it happened, distinct from when it was saved), ``speaker``
+(who said it) and ``attachments`` (text descriptions of what was shared with it, e.g. an image
+caption). Memories saved in one call form an *episode* (a chat session) when they are turns (have a
+speaker), or when the caller names an episode key.
+
+Recall uses these in :func:`rerank`, after rank fusion:
+
+- **episode**: episodes are ranked by BM25 over their whole text fused with their best turn's dense
+  similarity; each turn gains ``episode_weight / (EPISODE_K + episode rank)``. A question's words
+  are often spread over the turns that answer it.
+- **neighbours**: a candidate gains ``neighbour_weight`` x the score of the turn before/after it in
+  the same episode (an answer follows a question).
+- **speaker**: when the query names exactly one of the candidates' speakers, that speaker's turns'
+  scores are multiplied by ``1 + speaker_boost``.
+
+Pure functions apart from :func:`episode_bm25`, which reads the store.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date, datetime, timezone
+from typing import Any, Sequence
+
+from .errors import InvalidInputError
+from .retrieval import Candidate, fts_query
+
+MAX_SPEAKER_CHARS = 100
+MAX_EPISODE_CHARS = 200
+MAX_ATTACHMENTS = 16
+MAX_ATTACHMENT_CHARS = 2000
+# Episode ranks enter the turn score as weight / (EPISODE_K + rank); the two episode lists fuse with
+# rank constant EPISODE_RRF_K. Both small: only the first few episodes should matter.
+EPISODE_K = 3.0
+EPISODE_RRF_K = 2.0
+EPISODE_DEPTH = 100
+# Episode ranking leans on BM25: a whole chat's words are a better episode signal than one turn's vector.
+EPISODE_DENSE_WEIGHT = 0.3
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December")
+
+
+# -- input ----------------------------------------------------------------------------------------
+
+def parse_occurred_at(value: Any, where: str) -> str | None:
+    """ISO 8601 text for a date or date-time (a ``datetime``/``date`` is accepted too).
+
+    Kept as the caller's precision: ``2023-05-08`` stays a date, ``2023-05-08T13:56`` a local time,
+    an offset is kept. Sorting the stored text sorts by time for values written the same way.
+    """
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds" if value.second or value.microsecond else "minutes")
+    if isinstance(value, date):
+        return value.isoformat()
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInputError(f"{where}.occurred_at must be ISO 8601 text such as 2023-05-08 or 2023-05-08T13:56, got {value!r}.")
+    text = value.strip()
+    try:
+        if len(text) == 10:
+            return date.fromisoformat(text).isoformat()
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise InvalidInputError(f"{where}.occurred_at is not an ISO 8601 date or time: {value!r} ({exc}).") from exc
+    if parsed.tzinfo is not None and parsed.utcoffset() == timezone.utc.utcoffset(None):
+        return parsed.isoformat(timespec="minutes" if not parsed.second else "seconds").replace("+00:00", "Z")
+    return parsed.isoformat(timespec="minutes" if not parsed.second and not parsed.microsecond else "seconds")
+
+
+def check_label(value: Any, what: str, limit: int, where: str) -> str | None:
+    """A speaker name or an episode key: one line of 1-``limit`` characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or len(value) > limit or "\x00" in value:
+        raise InvalidInputError(f"{where}.{what} must be text of 1-{limit} characters, got {value!r:.40}.")
+    return " ".join(value.split())
+
+
+def check_attachments(values: Any, where: str) -> list[str]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+        raise InvalidInputError(f"{where}.attachments must be a list of text descriptions (e.g. image captions).")
+    if len(values) > MAX_ATTACHMENTS:
+        raise InvalidInputError(f"{where}: at most {MAX_ATTACHMENTS} attachments per memory.")
+    out = []
+    for value in values:
+        if not isinstance(value, str) or not value.strip() or len(value) > MAX_ATTACHMENT_CHARS or "\x00" in value:
+            raise InvalidInputError(f"{where}.attachments must be texts of 1-{MAX_ATTACHMENT_CHARS} characters.")
+        out.append(" ".join(value.split()))
+    return out
+
+
+# -- text -------------------------------------------------------------------------------------------
+
+def date_words(occurred_at: str | None) -> str:
+    """``2023-05-08T13:56`` -> ``8 May 2023``: the words a question about that day uses."""
+    if not occurred_at:
+        return ""
+    day = date.fromisoformat(occurred_at[:10])
+    return f"{day.day} {_MONTHS[day.month - 1]} {day.year}"
+
+
+def display_text(content: str, speaker: str | None = None, attachments: Sequence[str] = ()) -> str:
+    """What a reader needs besides the date: ``Speaker: content [shares caption]``."""
+    text = f"{speaker}: {content}" if speaker else content
+    for item in attachments:
+        text += f" [shares {item}]"
+    return text
+
+
+def embedding_text(content: str, speaker: str | None = None, occurred_at: str | None = None,
+                   attachments: Sequence[str] = ()) -> str:
+    """The text a memory's vector is computed from: its display text after its date."""
+    text = display_text(content, speaker, attachments)
+    words = date_words(occurred_at)
+    return f"[{words}] {text}" if words else text
+
+
+def search_context(speaker: str | None = None, occurred_at: str | None = None, attachments: Sequence[str] = ()) -> str:
+    """Searchable words about a memory that are not its content (the FTS ``context`` column)."""
+    return " ".join(part for part in (speaker or "", date_words(occurred_at), *attachments) if part)
+
+
+# -- recall -----------------------------------------------------------------------------------------
+
+def episode_bm25(store, query: str, session: str | None, depth: int = EPISODE_DEPTH) -> list[tuple[int, float]]:
+    """(episode id, BM25 over the episode's whole text), best first."""
+    match = fts_query(query)
+    if match is None:
+        return []
+    sql = ("SELECT e.id, -bm25(episodes_fts) AS score FROM episodes_fts JOIN episodes e ON e.id = episodes_fts.rowid "
+           "WHERE episodes_fts MATCH ?")
+    params: list = [match]
+    if session is not None:
+        sql += " AND e.session_id = ?"
+        params.append(session)
+    return [(r[0], r[1]) for r in store.read(sql + " ORDER BY score DESC, e.id LIMIT ?", [*params, depth])]
+
+
+def _rank_map(lists: Sequence[list[tuple[int, float]]], weights: Sequence[float], k: float) -> dict[int, int]:
+    scores: dict[int, float] = {}
+    for hits, weight in zip(lists, weights):
+        for rank, (key, _) in enumerate(hits, start=1):
+            scores[key] = scores.get(key, 0.0) + weight / (k + rank)
+    return {key: rank for rank, key in enumerate(sorted(scores, key=lambda x: (-scores[x], x)), start=1)}
+
+
+def mentioned_speaker(query: str, speakers: set[str]) -> str | None:
+    """The one speaker the query names (whole words, any case); None when it names none or several."""
+    named = [s for s in speakers if re.search(rf"(?<!\w){re.escape(s)}(?!\w)", query, re.IGNORECASE)]
+    return named[0] if len(named) == 1 else None
+
+
+def rerank(ranked: list[Candidate], info: dict[int, tuple[int | None, str | None]], *, query: str,
+           episode_hits: list[tuple[int, float]], dense_hits: list[tuple[int, float]],
+           episode_weight: float, neighbour_weight: float, speaker_boost: float) -> list[Candidate]:
+    """Fused candidates re-scored with their episodes, neighbours and speakers; best first.
+
+    ``info`` maps candidate id -> (episode id, speaker). Only candidates are re-scored (a neighbour
+    outside the list is not added), so whatever filtered the candidates still holds.
+    """
+    by_id = {c.id: c for c in ranked}
+    base = {c.id: c.rrf for c in ranked}
+    if neighbour_weight > 0:
+        for cid, score in base.items():
+            episode = info.get(cid, (None, None))[0]
+            if episode is None:
+                continue
+            for other in (cid - 1, cid + 1):  # one save call writes an episode's turns with consecutive ids
+                if other in by_id and info.get(other, (None, None))[0] == episode:
+                    by_id[other].rrf += neighbour_weight * score
+    if episode_weight > 0:
+        best_dense: dict[int, float] = {}
+        for cid, similarity in dense_hits:
+            episode = info.get(cid, (None, None))[0]
+            if episode is not None and similarity > best_dense.get(episode, -2.0):
+                best_dense[episode] = similarity
+        dense_list = sorted(best_dense.items(), key=lambda x: (-x[1], x[0]))
+        ranks = _rank_map([episode_hits, dense_list], [1.0 - EPISODE_DENSE_WEIGHT, EPISODE_DENSE_WEIGHT], EPISODE_RRF_K)
+        for c in ranked:
+            episode = info.get(c.id, (None, None))[0]
+            if episode in ranks:
+                c.rrf += episode_weight / (EPISODE_K + ranks[episode])
+    if speaker_boost > 0:
+        speaker = mentioned_speaker(query, {s for _, s in info.values() if s})
+        if speaker is not None:
+            for c in ranked:
+                if info.get(c.id, (None, None))[1] == speaker:
+                    c.rrf *= 1.0 + speaker_boost
+    return sorted(ranked, key=lambda c: (-c.rrf, c.bm25_rank or 10**9, c.dense_rank or 10**9, c.id))
+
+
+def index_episodes(conn, episode_ids) -> None:
+    """Rewrite the episodes' FTS documents (their memories' context and content, in saved order)
+    inside the caller's write transaction; an episode left without memories loses its document."""
+    for episode in sorted(set(episode_ids)):
+        conn.execute("DELETE FROM episodes_fts WHERE rowid = ?", (episode,))
+        conn.execute(
+            "INSERT INTO episodes_fts(rowid, text) SELECT ?, group_concat(part, char(10)) FROM "
+            "(SELECT context || ' ' || content AS part FROM memories WHERE episode_id = ? ORDER BY id) HAVING count(*) > 0",
+            (episode, episode))

@@ -1,0 +1,144 @@
+"""The browser's only way out: a loopback HTTP proxy that asks the SSRF guard about every connection.
+
+Playwright's request routing does not see redirect hops, and the browser resolves names itself
+after any check made beside it. Sending each browser context through this proxy closes both gaps:
+every request (page, subresource, redirect hop, XHR, WebSocket, HTTPS tunnel) reaches the network
+only through :meth:`GuardProxy._handle`, which lets :class:`~tinycontext.web.guard.Guard` validate
+and resolve the target and then connects to exactly an address the guard checked.
+
+Plain HTTP requests are forwarded one per connection (``Connection: close``), so a kept-alive
+connection can never carry a second request to a host that was not checked. HTTPS and WebSocket
+traffic arrives as ``CONNECT host:port`` and is tunnelled unread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from ..guard import Decision, Guard
+
+log = logging.getLogger(__name__)
+
+MAX_HEAD_BYTES = 64 * 1024
+HEAD_TIMEOUT_S = 30
+CONNECT_TIMEOUT_S = 15
+# Hop-by-hop headers a proxy must not forward (RFC 9110 7.6.1), plus the proxy's own.
+_HOP = {b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization", b"proxy-authenticate", b"te",
+        b"trailer", b"upgrade"}
+
+
+class GuardProxy:
+    """One listener on 127.0.0.1 for one browser context; ``on_block`` hears each refusal."""
+
+    def __init__(self, guard: Guard, on_block: Callable[[Decision], None]):
+        self.guard = guard
+        self.on_block = on_block
+        self.server: asyncio.AbstractServer | None = None
+        self.port = 0
+        self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=MAX_HEAD_BYTES)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        try:
+            await self._handle(reader, writer)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError):
+            pass  # a broken or malformed connection only ends itself
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+        request_line, _, headers = head.partition(b"\r\n")
+        method, target, version = request_line.decode("latin-1").split(" ", 2)
+        if method.upper() == "CONNECT":
+            # The scheme only fills in a default port, and the target always names one.
+            url = f"https://{target}/"
+        elif target.lower().startswith("http://"):
+            url = target
+        else:
+            await _reply(writer, 400, "This proxy forwards absolute http:// requests and CONNECT only.")
+            return
+        decision = await self.guard.adecide(url)
+        if not decision.allowed:
+            self.on_block(decision)
+            await _reply(writer, 403, f"Blocked by the SSRF guard: {decision.detail or decision.reason}")
+            return
+        upstream_reader, upstream_writer = await self._connect(decision)
+        try:
+            if method.upper() == "CONNECT":
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            else:
+                upstream_writer.write(_origin_form(method, url, version, headers))
+            await _pipe(reader, writer, upstream_reader, upstream_writer)
+        finally:
+            upstream_writer.close()
+
+    async def _connect(self, decision: Decision) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to one of the addresses the guard checked (never a fresh lookup)."""
+        error: OSError | None = None
+        for address in decision.addresses:
+            try:
+                return await asyncio.wait_for(asyncio.open_connection(address, decision.port), CONNECT_TIMEOUT_S)
+            except (OSError, asyncio.TimeoutError) as exc:
+                error = exc if isinstance(exc, OSError) else OSError(f"connect to {address} timed out")
+        raise error or OSError("no address to connect to")
+
+
+def _origin_form(method: str, url: str, version: str, headers: bytes) -> bytes:
+    """The request as the origin server expects it: path only, hop-by-hop headers dropped, one request."""
+    parts = urlsplit(url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    kept = [line for line in headers.split(b"\r\n") if line and line.split(b":", 1)[0].strip().lower() not in _HOP]
+    lines = [f"{method} {path} {version}".encode("latin-1"), *kept, b"Connection: close", b"", b""]
+    return b"\r\n".join(lines)
+
+
+async def _pipe(client_reader, client_writer, upstream_reader, upstream_writer) -> None:
+    async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        finally:
+            with contextlib.suppress(Exception):
+                dst.write_eof()
+
+    tasks = [asyncio.ensure_future(copy(client_reader, upstream_writer)), asyncio.ensure_future(copy(upstream_reader, client_writer))]
+    try:
+        # The origin's answer ending ends the exchange; a client half-close alone does not.
+        await tasks[1]
+    finally:
+        tasks[0].cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _reply(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+    body = message.encode()
+    reason = {400: "Bad Request", 403: "Forbidden"}[status]
+    writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+                 f"Connection: close\r\n\r\n".encode() + body)
+    await writer.drain()
