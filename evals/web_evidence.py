@@ -97,7 +97,7 @@ personalise ads. You can accept all cookies or choose which ones we may use.</p>
 # -- LoCoMo: one chat-archive page per conversation -------------------------------------------------
 
 
-def locomo_site(path: Path, categories: list[int], limit: int | None) -> Site:
+def locomo_site(path: Path, categories: list[int], stride: int = 1) -> Site:
     e = htmllib.escape
     samples = json.loads(path.read_text(encoding="utf-8"))
     pages: dict[str, bytes] = {}
@@ -126,7 +126,7 @@ def locomo_site(path: Path, categories: list[int], limit: int | None) -> Site:
             evidence = [texts[d] for d in qa.get("evidence", []) if d in texts]
             if qa.get("category") in categories and evidence:
                 questions.append(Question(f"{conv}:{i}", qa["question"], f"/locomo/{conv}.html", evidence))
-    return Site("locomo", pages, questions[:limit] if limit else questions)
+    return Site("locomo", pages, questions[::stride])
 
 
 # -- SciFact: one journal-issue page of abstracts per claim ------------------------------------------
@@ -184,9 +184,10 @@ def evidence_recall(evidence: list[str], received: str) -> float:
     return sum(norm(unit) in haystack for unit in evidence) / len(evidence)
 
 
-async def evaluate(site: Site, base_url: str, budgets: list[int], config: TinyContextConfig, order: str) -> list[dict]:
+async def evaluate(site: Site, base_url: str, budgets: list[int], config: TinyContextConfig, order: str,
+                   embedder=None) -> list[dict]:
     counter = TokenCounter(config.encoding_name)
-    embedder = embedder_for(config)
+    embedder = embedder or embedder_for(config)
     fetcher = HttpFetcher(config)
     rows: list[dict] = []
     try:
@@ -271,9 +272,9 @@ def main(cfg: DictConfig) -> None:
     shared = Path(cfg.shared_dir)
     sites = []
     if "locomo" in cfg.datasets:
-        sites.append(locomo_site(shared / "datasets/locomo/locomo-dev.json", list(cfg.locomo.categories), cfg.limit))
+        sites.append(locomo_site(shared / "datasets/locomo/locomo-dev.json", list(cfg.locomo.categories), cfg.locomo.stride))
     if "scifact" in cfg.datasets:
-        sites.append(scifact_site(shared / "datasets/scifact", cfg.scifact.abstracts_per_page, cfg.limit, cfg.seed))
+        sites.append(scifact_site(shared / "datasets/scifact", cfg.scifact.abstracts_per_page, cfg.scifact.limit, cfg.seed))
     config = TinyContextConfig(allow_private_hosts=True, embedding_cache_size=cfg.embedding_cache_size,
                                scrape_chunk_tokens=cfg.chunk_tokens, **({"embedding_model": cfg.embedding_model} if cfg.embedding_model else {}))
     pages = {path: body for site in sites for path, body in site.pages.items()}

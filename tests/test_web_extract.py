@@ -80,3 +80,12 @@ def test_long_blocks_are_cut_at_sentences_and_headings_give_the_path():
     assert chunks[0].heading_path == ("Top",) and chunks[1].heading_path == ("Top", "Part")
     assert chunks[-1].heading_path == ("Top", "Part", "Deeper") and chunks[-1].text == "### Deeper\n\nTail."
     assert all(c.text.rstrip().endswith(".") for c in chunks[1:-1])
+
+
+def test_short_posts_next_to_action_links_are_kept():
+    posts = "".join(f'<div class="msg"><p><strong>Ann</strong>: Short post number {i}.</p>'
+                    f'<span class="actions"><a href="#r{i}">Reply</a> · <a href="#q{i}">Quote</a></span></div>' for i in range(30))
+    html = f"<html><body><nav><a href='/'>Home</a></nav><main><h1>Thread</h1>{posts}</main></body></html>"
+    markdown = extract_html(html, "https://forum.example/t/1").markdown
+    assert all(f"Short post number {i}." in markdown for i in range(30))
+    assert "Reply" not in markdown and "Quote" not in markdown

@@ -20,6 +20,9 @@ MAX_LINKS = 300
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9._:-]+)""", re.IGNORECASE)
 _BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 _SPACE = re.compile(r"\s+")
+# What is left of an action bar ("Reply · Quote", "Share | Report") once its link texts are removed.
+_SEPARATORS = re.compile(r"^[\s·•|/,;:()\[\]-]*$")
+_ACTION_BAR_CHARS = 60
 
 
 @dataclass
@@ -103,6 +106,25 @@ def _links(tree, url: str) -> list[Link]:
     return links
 
 
+def _drop_action_bars(tree) -> None:
+    """Remove small blocks made only of links (per-post "Reply · Quote" bars, share buttons).
+
+    trafilatura weighs link density per block: a short forum message next to its action links
+    looks like navigation and is dropped whole. The links themselves are already collected.
+    """
+    for element in list(tree.iter("span", "div", "p", "li", "ul", "nav")):
+        if element.getparent() is None or element.find(".//a") is None:
+            continue
+        text = element.text_content()
+        if len(text.strip()) > _ACTION_BAR_CHARS:
+            continue
+        rest = text
+        for anchor in element.iter("a"):
+            rest = rest.replace(anchor.text_content(), "", 1)
+        if _SEPARATORS.match(rest):
+            element.drop_tree()
+
+
 def extract_html(html: str, url: str) -> ExtractedPage:
     """Main content as Markdown (headings, lists, tables, code kept), the title and the links."""
     try:
@@ -113,6 +135,7 @@ def extract_html(html: str, url: str) -> ExtractedPage:
         bad.drop_tree()
     title = _title_from(tree)
     links = _links(tree, url)
+    _drop_action_bars(tree)
     # favor_recall: on the saved pages in tests/fixtures/web it keeps short list items that the
     # default drops, with no more boilerplate (scripts/web_extraction_compare.py).
     markdown = trafilatura.extract(tree, url=url, output_format="markdown", include_tables=True, favor_recall=True,
