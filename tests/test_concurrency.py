@@ -82,13 +82,18 @@ def test_threads_share_one_engine(engine):
         try:
             start.wait(timeout=30)
             for i in range(10):
-                out = engine.recall(f"thread note {i}", top_k=5)
-                assert all(m["content"].startswith("thread") for m in out["memories"])
+                # The seed note exists before the threads start: concurrent saves must not hide it or
+                # hand back a row whose text differs from the stored one.
+                out = engine.recall("thread seed note", session_id="t", top_k=5)
+                assert out["memories"][0]["id"] == seed, out["memories"][:1]
+                for m in out["memories"]:
+                    assert engine.get(m["id"], history=False)["content"] == m["content"]
+                assert [m["rank"] for m in out["memories"]] == list(range(1, len(out["memories"]) + 1))
                 engine.stats()
         except BaseException as exc:
             errors.append(exc)
 
-    engine.save(["thread seed note"], session_id="t")
+    seed = engine.save(["thread seed note"], session_id="t")["ids"][0]
     threads = [threading.Thread(target=saver, args=(n,)) for n in range(2)] + [threading.Thread(target=reader) for _ in range(2)]
     for t in threads:
         t.start()

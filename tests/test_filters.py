@@ -71,6 +71,19 @@ def test_time_ranges(stocked):
         assert set(ids_of(engine.recall("apple", filters={"updated_at": {"gte": "2025-02-01", "lt": "2025-04-01"}}, dense_weight=w))) == {ids[1]}
 
 
+def test_occurred_at_range(fengine):
+    ids = fengine.save([{"content": "trip to paris", "occurred_at": "2023-05-08"},
+                        {"content": "trip to rome", "occurred_at": "2023-05-20T13:56"},
+                        {"content": "trip to oslo", "occurred_at": "2023-07-01"},
+                        {"content": "trip undated"}])["ids"]
+    for w in WEIGHTS:
+        got = fengine.recall("trip", filters={"occurred_at": {"gte": "2023-05-08", "lt": "2023-06-01"}}, dense_weight=w)
+        assert set(ids_of(got)) == {ids[0], ids[1]}
+        assert set(ids_of(fengine.recall("trip", filters={"occurred_at": {"gt": "2023-06-01"}}, dense_weight=w))) == {ids[2]}
+    with pytest.raises(InvalidInputError):
+        fengine.recall("trip", filters={"occurred_at": {"gte": "last may"}})
+
+
 @pytest.mark.parametrize("bad", [
     {"tags": ["a"]},  # unknown key
     {"created_at": {"after": "2024-01-01"}},  # unknown operator

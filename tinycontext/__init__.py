@@ -13,6 +13,7 @@ from .engine import (
 )
 from .errors import (
     ConfigError,
+    ConflictError,
     EmptyMemoryError,
     InvalidInputError,
     MemoryNotFoundError,
@@ -31,6 +32,6 @@ __all__ = [
     "TinyContextConfig", "load_config", "MemoryEngine", "MemoryInput", "save_memories", "recall_memories",
     "update_memory", "delete_memory", "get_memory", "close_engines",
     "TinyContextError", "InvalidInputError", "EmptyMemoryError", "RecallBudgetError", "SessionNotFoundError",
-    "MemoryNotFoundError", "ModelMismatchError", "ModelUnavailableError", "ConfigError", "StorageError",
+    "MemoryNotFoundError", "ModelMismatchError", "ModelUnavailableError", "ConfigError", "ConflictError", "StorageError",
     "MissingExtraError", "__version__",
 ]

@@ -295,6 +295,7 @@ def _update_args(parser):
     parser.add_argument("--tag", action="append", help="new tags, replacing the old ones (repeatable)")
     parser.add_argument("--clear-tags", action="store_true", help="remove all tags")
     parser.add_argument("--metadata", help="new metadata JSON object (replaces the old one)")
+    parser.add_argument("--expected-version", type=int, help="only update if the memory is still at this version (else: conflict)")
     add_json(parser)
 
 
@@ -305,7 +306,7 @@ def update(args):
     if args.content is None and tags is None and metadata is None:
         raise InvalidInputError("Nothing to update: give new text, --tag, --clear-tags or --metadata.")
     with open_engine(args) as engine:
-        memory = engine.update(args.id, args.content, tags=tags, metadata=metadata)
+        memory = engine.update(args.id, args.content, tags=tags, metadata=metadata, expected_version=args.expected_version)
     emit(args, memory, memory_block(memory))
 
 
@@ -314,6 +315,44 @@ def delete(args):
     with open_engine(args) as engine:
         result = engine.delete(args.id)
     emit(args, result, f"Deleted memory {result['id']}.")
+
+
+def _list_args(parser):
+    parser.add_argument("--session", help="only this session (default: all)")
+    parser.add_argument("--tag", action="append", default=None, help="only memories with any of these tags (repeatable)")
+    add_filter_args(parser)
+    parser.add_argument("--order", choices=("newest", "oldest", "id"), default="newest", help="newest (default), oldest or id")
+    parser.add_argument("--offset", type=int, default=0, help="skip this many (paging)")
+    parser.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    parser.add_argument("--max-tokens", type=int, help="token budget for the output")
+    parser.add_argument("--detail", choices=DETAILS, default="compact", help="compact (default) or full")
+    parser.add_argument("--json", action="store_true", help="print the structured answer (compact JSON)")
+
+
+@command("list", "browse memories without a query (newest first), within a token budget", _list_args)
+def list_(args):
+    with open_engine(args) as engine:
+        page = engine.list_memories(session_id=args.session, tags=args.tag, filters=filters_of(args), order=args.order,
+                                    offset=args.offset, limit=args.limit, max_tokens=args.max_tokens, detail=args.detail)
+    print(to_json(page.structured) if args.json else page.text)
+
+
+def _forget_args(parser):
+    parser.add_argument("--session", help="delete this session's memories")
+    parser.add_argument("--tag", action="append", default=None, help="delete memories with any of these tags (repeatable)")
+    add_filter_args(parser)
+    parser.add_argument("--confirm", type=int, metavar="COUNT", help="delete for real; COUNT is what the dry run reported")
+    add_json(parser)
+
+
+@command("forget", "delete memories by session, tag or filter: a dry run first, then --confirm COUNT", _forget_args)
+def forget(args):
+    with open_engine(args) as engine:
+        result = engine.delete_memories(session_id=args.session, tags=args.tag, filters=filters_of(args),
+                                        dry_run=args.confirm is None, confirm=args.confirm)
+    text = (f"{result['matched']} memories match; nothing deleted. Run again with --confirm {result['matched']} to delete them."
+            if result["dry_run"] else f"Deleted {result['deleted']} memories.")
+    emit(args, result, text)
 
 
 @command("sessions", "list sessions", add_json)

@@ -26,13 +26,15 @@ from .budget import TokenCounter, fit_budget
 from .config import TinyContextConfig
 from .embeddings import Embedder
 from .errors import (
+    ConflictError,
     EmptyMemoryError,
     InvalidInputError,
     MemoryNotFoundError,
     RecallBudgetError,
     SessionNotFoundError,
 )
-from .filters import Filters, parse_filters
+from . import browse
+from .filters import Filters, expiry, parse_filters
 from .model_hub import resolve_model
 from .render import Page, check_agent_budget, check_detail, recall_page
 from .retrieval import fts_query, fuse
@@ -68,6 +70,8 @@ class MemoryInput(BaseModel):
     speaker: str | None = Field(None, description="Who said it (a conversation turn).")
     attachments: list[str] = Field(default_factory=list, description="Text descriptions of what was shared with it, e.g. an image caption.")
     episode: str | None = Field(None, description="Episode key (chat session, thread); one save call's turns form one by default.")
+    expires_at: str | None = Field(None, description="ISO 8601 time after which the memory is deleted (optional).")
+    ttl_seconds: int | None = Field(None, description="Delete the memory this many seconds after saving (optional).")
 
 
 def _depth(value: Any, level: int = 0) -> int:
@@ -218,6 +222,7 @@ class MemoryEngine:
                 speaker=conversation.check_label(item.speaker, "speaker", conversation.MAX_SPEAKER_CHARS, where),
                 attachments=conversation.check_attachments(item.attachments, where),
                 episode=conversation.check_label(item.episode, "episode", conversation.MAX_EPISODE_CHARS, where),
+                expires_at=expiry(item.expires_at, item.ttl_seconds, where),
             ))
         return out
 
@@ -266,12 +271,12 @@ class MemoryEngine:
                     episodes[key] = conn.execute("SELECT id FROM episodes WHERE session_id = ? AND key = ?", (session, key)).fetchone()[0]
                 cursor = conn.execute(
                     "INSERT INTO memories(session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
-                    " occurred_at, speaker, attachments, context, episode_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?)",
+                    " occurred_at, speaker, attachments, context, episode_id, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)",
                     (session, item.content, json.dumps(item.tags, ensure_ascii=False), json.dumps(item.metadata, ensure_ascii=False),
                      digest, tokens[i], created, created, item.occurred_at, item.speaker,
                      json.dumps(item.attachments, ensure_ascii=False),
                      conversation.search_context(item.speaker, item.occurred_at, item.attachments),
-                     None if key is None else episodes[key]),
+                     None if key is None else episodes[key], item.expires_at),
                 )
                 mid = cursor.lastrowid
                 conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(mid, t) for t in item.tags])
@@ -368,6 +373,7 @@ class MemoryEngine:
         session = _check_session(session_id)
         tag_list = _normalise_tags([] if tags is None else tags, "tags")
         filters = parse_filters(filters)
+        browse.purge_expired(self)
         if session is not None and not self.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
             raise SessionNotFoundError(f"No session {session!r}. Save memories into it first, or recall without session_id to search all sessions.")
 
@@ -481,24 +487,33 @@ class MemoryEngine:
         return memory
 
     def update(self, memory_id: int, content: str | None = None, *, tags: Sequence[str] | None = None,
-               metadata: dict | None = None) -> dict:
-        """Replace a memory's content/tags/metadata; the old version stays readable in its history."""
+               metadata: dict | None = None, expected_version: int | None = None) -> dict:
+        """Replace a memory's content/tags/metadata; the old version stays readable in its history.
+
+        Omitted fields keep their current value, read under the write lock, so a concurrent edit is
+        never reverted. ``expected_version``: refuse with ``conflict`` (changing nothing) unless the
+        memory is still at that version."""
         memory_id = _check_id(memory_id)
+        if expected_version is not None:
+            _check_int(expected_version, "expected_version", 1, 2**62)
+        # Validate and embed what was given before taking the lock (embedding is the slow part). Who
+        # said it, when, and what was shared never change on update, so reading them here is safe.
+        given = self._validate([{"content": "-" if content is None else content, "tags": [] if tags is None else tags,
+                                 "metadata": {} if metadata is None else metadata}])[0]
         current = self.get(memory_id, history=False)
-        new = self._validate([{
-            "content": current["content"] if content is None else content,
-            "tags": current["tags"] if tags is None else tags,
-            "metadata": current["metadata"] if metadata is None else metadata,
-        }])[0]
-        # Who said it, when, and what was shared stay; only the words change.
         facts = (current["speaker"], current["occurred_at"], current["attachments"])
-        indexed = conversation.embedding_text(new.content, *facts)
-        vector = self.embedder.embed_documents([indexed])[0] if new.content != current["content"] else None
-        tokens = self.tokens.count(conversation.display_text(new.content, facts[0], facts[2]))
+        vector = self.embedder.embed_documents([conversation.embedding_text(given.content, *facts)])[0] if content is not None else None
         with self.index.write() as conn:
-            row = conn.execute("SELECT version, content, tags, metadata, updated_at, created_at, session_id FROM memories WHERE id = ?", (memory_id,)).fetchone()
+            row = conn.execute("SELECT version, content, tags, metadata, updated_at, created_at, session_id FROM memories WHERE id = ?",
+                               (memory_id,)).fetchone()
             if row is None:
-                raise MemoryNotFoundError(f"No memory with id {memory_id}; it was deleted meanwhile.")
+                raise MemoryNotFoundError(f"No memory with id {memory_id}; it may have been deleted. Recall to find current ids.")
+            if expected_version is not None and row[0] != expected_version:
+                raise ConflictError(f"Memory {memory_id} is at version {row[0]}, not {expected_version}: it changed since you read it. "
+                                    "Get it again and re-apply your edit.", id=memory_id, version=row[0])
+            new_content = row[1] if content is None else given.content
+            new_tags = json.loads(row[2]) if tags is None else given.tags
+            new_metadata = json.loads(row[3]) if metadata is None else given.metadata
             stamp = now_iso()
             conn.execute(
                 "INSERT INTO memory_versions(memory_id, version, content, tags, metadata, created_at, superseded_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -506,13 +521,14 @@ class MemoryEngine:
             )
             conn.execute(
                 "UPDATE memories SET content = ?, tags = ?, metadata = ?, content_hash = ?, tokens = ?, updated_at = ?, version = ? WHERE id = ?",
-                (new.content, json.dumps(new.tags, ensure_ascii=False), json.dumps(new.metadata, ensure_ascii=False),
-                 _content_hash(indexed), tokens, stamp, row[0] + 1, memory_id),
+                (new_content, json.dumps(new_tags, ensure_ascii=False), json.dumps(new_metadata, ensure_ascii=False),
+                 _content_hash(conversation.embedding_text(new_content, *facts)),
+                 self.tokens.count(conversation.display_text(new_content, facts[0], facts[2])), stamp, row[0] + 1, memory_id),
             )
             conversation.index_episodes(conn, [e for (e,) in conn.execute("SELECT episode_id FROM memories WHERE id = ? AND episode_id IS NOT NULL", (memory_id,))])
             conn.execute("DELETE FROM memory_tags WHERE memory_id = ?", (memory_id,))
-            conn.executemany("INSERT INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(memory_id, t) for t in new.tags])
-            if vector is not None:
+            conn.executemany("INSERT INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(memory_id, t) for t in new_tags])
+            if vector is not None and new_content != row[1]:
                 conn.execute("UPDATE memory_vectors SET embedding = ? WHERE memory_id = ?", (vector.tobytes(), memory_id))
                 self.index.replace(row[6], memory_id, vector)
         return self.get(memory_id)
@@ -531,6 +547,19 @@ class MemoryEngine:
             if row[1] is not None:
                 conversation.index_episodes(conn, [row[1]])
         return {"id": memory_id, "deleted": True}
+
+    # -- browsing and housekeeping (tinycontext/browse.py) -------------------------------------------
+
+    def list_memories(self, **options) -> Page:
+        """A budgeted page of memories; see :func:`tinycontext.browse.list_memories`."""
+        return browse.list_memories(self, **options)
+
+    def list_sessions(self) -> dict:
+        return browse.list_sessions(self)
+
+    def delete_memories(self, **options) -> dict:
+        """Bulk delete by session/tags/filters after a dry run; see :func:`tinycontext.browse.delete_memories`."""
+        return browse.delete_memories(self, **options)
 
     def sessions(self) -> list[dict]:
         rows = self.store.read(
@@ -619,8 +648,8 @@ def get_memory(memory_id: int, *, config: TinyContextConfig | None = None) -> di
 
 
 def update_memory(memory_id: int, content: str | None = None, *, tags: Sequence[str] | None = None,
-                  metadata: dict | None = None, config: TinyContextConfig | None = None) -> dict:
-    return get_engine(config).update(memory_id, content, tags=tags, metadata=metadata)
+                  metadata: dict | None = None, expected_version: int | None = None, config: TinyContextConfig | None = None) -> dict:
+    return get_engine(config).update(memory_id, content, tags=tags, metadata=metadata, expected_version=expected_version)
 
 
 def delete_memory(memory_id: int, *, config: TinyContextConfig | None = None) -> dict:

@@ -40,6 +40,12 @@ class MemoryNotFoundError(TinyContextError):
     code = "memory_not_found"
 
 
+class ConflictError(TinyContextError):
+    """An edit based on a version that is no longer current (``expected_version``); nothing changed."""
+
+    code = "conflict"
+
+
 class ModelMismatchError(TinyContextError):
     code = "model_mismatch"
 

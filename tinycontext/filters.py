@@ -6,7 +6,8 @@ A filter is a JSON object; every key it has must hold, so keys combine with AND:
      "tags_all": ["python", "tooling"],       # every one of these tags
      "metadata": {"source": "chat", "n": 3},  # metadata key equals value (string, number, bool, null)
      "created_at": {"gte": "2025-01-01", "lt": "2025-02-01T12:00:00+02:00"},
-     "updated_at": {"gt": "2025-03-01"}}
+     "updated_at": {"gt": "2025-03-01"},
+     "occurred_at": {"gte": "2023-05-01", "lt": "2023-06-01"}}
 
 Time operators are ``gt``, ``gte``, ``lt``, ``lte``; times are ISO 8601 dates or datetimes (naive ones
 are UTC). :meth:`Filters.sql` renders the filter as one SQL condition on a memory id, so the engine
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,7 +32,8 @@ from .errors import InvalidInputError
 MAX_FILTER_VALUES = 64
 MAX_METADATA_KEYS = 16
 MAX_VALUE_CHARS = 1000
-TIME_FIELDS = ("created_at", "updated_at")
+MAX_TTL_SECONDS = 100 * 366 * 86400
+TIME_FIELDS = ("created_at", "updated_at", "occurred_at")
 TIME_OPERATORS = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 _KEY = re.compile(r"^[\w.\-]{1,100}$", re.UNICODE)
 # Stored timestamps are UTC ISO strings with microseconds (store.now_iso), so they compare as text.
@@ -51,6 +53,17 @@ def parse_time(value: Any, where: str) -> str:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
+def expiry(expires_at: Any, ttl_seconds: Any, where: str) -> str | None:
+    """A memory's expiry as stored UTC text, from an ISO time or a TTL in seconds (not both)."""
+    if expires_at is not None and ttl_seconds is not None:
+        raise InvalidInputError(f"{where}: give expires_at or ttl_seconds, not both.")
+    if ttl_seconds is not None:
+        if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or not 1 <= ttl_seconds <= MAX_TTL_SECONDS:
+            raise InvalidInputError(f"{where}.ttl_seconds must be an integer from 1 to {MAX_TTL_SECONDS}, got {ttl_seconds!r}.")
+        return (datetime.now(timezone.utc) + timedelta(seconds=ttl_seconds)).isoformat(timespec="microseconds")
+    return None if expires_at is None else parse_time(expires_at, f"{where}.expires_at")
 
 
 def _tag_list(value: Any, where: str) -> list[str]:
@@ -88,6 +101,17 @@ def _metadata(value: Any) -> dict[str, Any]:
     return out
 
 
+def _bound(name: str, moment: Any, where: str) -> str:
+    if name == "occurred_at":
+        # Stored at the caller's precision (conversation.parse_occurred_at): compare in that same form.
+        from .conversation import parse_occurred_at
+
+        if not isinstance(moment, str):
+            raise InvalidInputError(f"{where} must be an ISO 8601 date or datetime string, got {str(moment)[:40]!r}.")
+        return parse_occurred_at(moment, where)
+    return parse_time(moment, where)
+
+
 def _range(value: Any, name: str) -> dict[str, str]:
     if not isinstance(value, Mapping) or not value:
         raise InvalidInputError(f"filters.{name} must be an object like {{\"gte\": \"2025-01-01\", \"lt\": \"2025-02-01\"}}.")
@@ -97,7 +121,7 @@ def _range(value: Any, name: str) -> dict[str, str]:
             continue
         if op not in TIME_OPERATORS:
             raise InvalidInputError(f"filters.{name}: unknown operator {str(op)[:20]!r}; use {', '.join(TIME_OPERATORS)}.")
-        out[op] = parse_time(moment, f"filters.{name}.{op}")
+        out[op] = _bound(name, moment, f"filters.{name}.{op}")
     return out
 
 
@@ -183,6 +207,7 @@ class FilterSpec(BaseModel):
         None, description='Metadata equality, e.g. {"source": "chat"}; a dotted key reaches into nested objects.')
     created_at: TimeRange | None = Field(None, description='Saved within, e.g. {"gte": "2025-01-01", "lt": "2025-02-01"}.')
     updated_at: TimeRange | None = Field(None, description="Last changed within.")
+    occurred_at: TimeRange | None = Field(None, description="Happened within (compared at the precision it was saved with).")
 
 
 def parse_filters(raw: Mapping | FilterSpec | Filters | str | None, *, time_fields: tuple[str, ...] = TIME_FIELDS) -> Filters:

@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ModelMismatchError, StorageError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_MS = 10_000
 
 
@@ -145,6 +145,13 @@ MIGRATIONS: dict[int, str] = {
             INSERT INTO memories_fts(rowid, content, tags, context) VALUES (new.id, new.content, new.tags, new.context);
         END;
         INSERT INTO memories_fts(memories_fts) VALUES ('rebuild');
+    """,
+    # v4: optional expiry (recall and listing delete expired memories first), and an index for
+    # created_at range filters.
+    4: """
+        ALTER TABLE memories ADD COLUMN expires_at TEXT;
+        CREATE INDEX memories_expires ON memories(expires_at) WHERE expires_at IS NOT NULL;
+        CREATE INDEX memories_created ON memories(created_at);
     """,
 }
 

@@ -26,13 +26,14 @@ from ..errors import TinyContextError
 from ..filters import FilterSpec
 from ..render import MIN_AGENT_TOKENS, Detail
 from ..web.browser.tools import router as browser_router
+from . import browse
 from .guard import ServeSettings, protect
 
 log = logging.getLogger(__name__)
 
 STATUS = {
     "invalid_input": 400, "empty_memory": 400, "recall_budget": 400,
-    "session_not_found": 404, "memory_not_found": 404,
+    "session_not_found": 404, "memory_not_found": 404, "conflict": 409,
     # The server cannot work until its operator fixes the model, config or disk: not the client's fault.
     "model_unavailable": 503, "model_mismatch": 503, "config_error": 503, "storage_error": 503, "missing_extra": 503,
     "blocked": 403, "browser_busy": 503, "browser_error": 502,
@@ -70,6 +71,7 @@ class UpdateRequest(IdRequest):
     content: str | None = Field(None, description="New text; unchanged when omitted.")
     tags: list[str] | None = Field(None, description="New tags (replace the old ones).")
     metadata: dict[str, Any] | None = Field(None, description="New metadata (replaces the old one).")
+    expected_version: int | None = Field(None, description="Only update if still at this version; else 409 conflict.")
 
 
 class Saved(BaseModel):
@@ -166,7 +168,7 @@ class ErrorBody(BaseModel):
     details: dict[str, Any] | None = None
 
 
-ERRORS = {status: {"model": ErrorBody} for status in (400, 401, 404, 413, 422, 500, 503)}
+ERRORS = {status: {"model": ErrorBody} for status in (400, 401, 403, 404, 409, 413, 421, 422, 500, 503)}
 
 
 class _Engines:
@@ -242,7 +244,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
 
     @app.post("/update_memory", response_model=MemoryWithHistory, summary="Replace a memory's content, tags or metadata")
     def update_memory(body: UpdateRequest) -> dict:
-        return engines().update(body.id, body.content, tags=body.tags, metadata=body.metadata)
+        return engines().update(body.id, body.content, tags=body.tags, metadata=body.metadata, expected_version=body.expected_version)
 
     @app.post("/delete_memory", response_model=DeleteResponse, summary="Delete a memory and its history")
     def delete_memory(body: IdRequest) -> dict:
@@ -254,6 +256,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
 
     app.include_router(web_router(lambda: config or load_config()))
     app.include_router(browser_router(config))
+    app.include_router(browse.router(engines))
     return app
 
 

@@ -27,6 +27,7 @@ from ..errors import InvalidInputError, TinyContextError
 from ..filters import FilterSpec
 from ..render import DETAILS, MIN_AGENT_TOKENS, Page, memory_block
 from ..web.browser.tools import register as register_browser
+from . import browse
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +179,11 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
         content: Annotated[str | None, Field(description="New text of the memory.")] = None,
         tags: Annotated[list[str] | None, Field(description="New tags (replace the old ones).")] = None,
         metadata: Annotated[dict[str, Any] | None, Field(description="New metadata object (replaces the old one).")] = None,
+        expected_version: Annotated[int | None, Field(description="Only update if the memory is still at this version "
+                                                      "(from get_memory); otherwise a conflict error and nothing changes.")] = None,
     ) -> CallToolResult:
-        return await answer(lambda engine: engine.update(id, content, tags=tags, metadata=metadata), memory_block)
+        return await answer(lambda engine: engine.update(id, content, tags=tags, metadata=metadata, expected_version=expected_version),
+                            memory_block)
 
     @server.tool(
         description="Delete a memory that is wrong or that the user asked you to forget. Permanent, history included.",
@@ -197,4 +201,5 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
 
     web_tools.register(server, config)
     register_browser(server, config)
+    browse.register(server, config)
     return server
