@@ -15,7 +15,7 @@ from netguard import loopback_only  # noqa: F401 - fixture
 from tinycontext import TinyContextConfig
 from tinycontext.errors import InvalidInputError
 from tinycontext.web.browser import BrowserBusyError, BrowserService, close_services
-from tinycontext.web.browser.launch import describe, find_executable
+from tinycontext.web.browser.launch import describe, find_executable, sandboxed
 from tinycontext.web.browser.snapshot import build_tree, render
 from tinycontext.web.guard import BlockedURLError, Decision, Guard
 
@@ -112,8 +112,11 @@ def test_view_lines_refs_find_and_depth():
 
 @needs_browser
 def test_click_reveals_content(browser, site):
+    before = len(site.requests)
     view = browser.call("navigate", "t-click", url=site.url("/click"))
     assert "Battery life" not in view["view"] and view["title"] == "Product"
+    # Through the guard's proxy (one request per connection), not straight from Chromium.
+    assert [r["headers"].get("Connection") for r in site.requests[before:] if r["path"] == "/click"] == ["close"]
     after = browser.call("act", "t-click", action="click", ref=ref_of(view, "Show details"))
     assert "Battery life: 42 hours" in after["view"]
     assert ref_of(after, "Show details") == ref_of(view, "Show details")  # refs are stable across views
@@ -343,3 +346,40 @@ def test_doctor_names_the_browser():
     assert details["executable"] == str(find_executable(TinyContextConfig())) and "Chromium" in summary
     cdp = describe(TinyContextConfig(browser_cdp_url="ws://127.0.0.1:9/devtools"))
     assert cdp[1]["cdp_url"] == "ws://127.0.0.1:9/devtools"
+
+
+@needs_browser
+def test_external_browser_over_cdp(site, tmp_path):
+    """A browser someone else started (here: Chromium on a loopback DevTools port) is driven the same
+    way, and its pages still reach the network only through the guard's proxy."""
+    import re
+    import subprocess
+
+    chromium = subprocess.Popen(
+        [str(find_executable(TinyContextConfig())), "--headless", "--remote-debugging-address=127.0.0.1",
+         "--remote-debugging-port=0", f"--user-data-dir={tmp_path / 'profile'}", *(["--no-sandbox"] if not sandboxed() else []),
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run", "about:blank"],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        for line in chromium.stderr:
+            found = re.search(r"DevTools listening on (ws://\S+)", line)
+            if found:
+                break
+        else:
+            pytest.fail("Chromium did not print its DevTools address")
+        config = TinyContextConfig(allow_private_hosts=True, memory_db_path=tmp_path / "m.db", browser_cdp_url=found.group(1))
+        assert describe(config)[1]["cdp_url"] == found.group(1)
+        service = BrowserService(config)
+        try:
+            before = len(site.requests)
+            view = service.call("navigate", "c", url=site.url("/click"))
+            after = service.call("act", "c", action="click", ref=ref_of(view, "Show details"))
+            assert "Battery life: 42 hours" in after["view"]
+            page_requests = [r for r in site.requests[before:] if r["path"] == "/click"]
+            # The guard's proxy forwards one request per connection; a direct request would keep the connection alive.
+            assert page_requests and all(r["headers"].get("Connection") == "close" for r in page_requests)
+        finally:
+            service.close()
+    finally:
+        chromium.terminate()
+        chromium.wait(10)

@@ -198,3 +198,24 @@ def test_model2vec_static_bundle(shared_dir, tmp_path):
     assert similar > unrelated
     with pytest.raises(ModelUnavailableError, match="cannot be used"):
         Embedder(bundle, pooling="mean")
+
+
+def test_vector_does_not_depend_on_batch_or_threads(fast, shared_dir):
+    """Batches run in parallel on one ONNX thread each: a text's vector must be the same bits
+    whether it is embedded alone, among others of other lengths, on one thread or several."""
+    with open(shared_dir / "datasets" / "scifact" / "corpus.jsonl", encoding="utf-8") as f:
+        texts = [json.loads(next(f))["text"] for _ in range(12)] + SENTENCES + ["ok", filler(60)]
+    parallel = Embedder(fast, cache_size=0, batch_size=4, threads=3).embed_documents(texts)
+    serial = Embedder(fast, cache_size=0, threads=1)
+    assert np.array_equal(parallel, serial.embed_documents(texts))
+    assert np.array_equal(parallel, np.stack([serial.embed_documents([t])[0] for t in texts]))
+
+
+def test_default_embedder_matches_fp32_minilm(real_embedder, shared_dir, tmp_path):
+    """Quality gate for the default model: its vectors stay those of fp32 MiniLM (SciFact nDCG@10
+    within 0.005 is measured by the harness; this guards the vectors that produce it)."""
+    with open(shared_dir / "datasets" / "scifact" / "queries.jsonl", encoding="utf-8") as f:
+        texts = [json.loads(next(f))["text"] for _ in range(40)]
+    fp32 = Embedder(resolve_model(str(shared_dir / "models" / "minilm-l6-fp32"), tmp_path), cache_size=0)
+    similarity = cosine(real_embedder.embed_documents(texts), fp32.embed_documents(texts))
+    assert similarity.min() >= 0.998 and similarity.mean() >= 0.999

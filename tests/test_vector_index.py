@@ -219,7 +219,7 @@ def test_reindex_and_import_drop_the_copy(tmp_path):
 
 
 def test_sessions_over_the_limit_use_sqlite_vec(tmp_path):
-    with MemoryEngine(_config(tmp_path / "m.db", vector_cache_max=25), embedder=SpreadEmbedder()) as eng:
+    with MemoryEngine(_config(tmp_path / "m.db", vector_cache_max=25, vector_quantized_max=0), embedder=SpreadEmbedder()) as eng:
         _fill(eng, 20)
         eng.save([f"extra {i}" for i in range(10)], session_id="a")  # a: 30 > 25
         for session in ("a", None, "b", "c"):
@@ -282,3 +282,47 @@ def test_emptied_session_has_no_dense_hits(hash_engine):
     hash_engine.delete(only)
     assert hash_engine._dense("lonely memory", "solo", [], 5) == []
     assert hash_engine.recall("lonely memory", session_id="solo")["memories"] == []
+
+
+def _overlap(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> float:
+    return len({g[0] for g in got} & {w[0] for w in want}) / max(1, len(want))
+
+
+@pytest.mark.parametrize("tags", [[], ["t2"]])
+def test_quantized_session_close_to_brute_force(filled, monkeypatch, tags):
+    """Sessions over vector_cache_max are held as sign bits + int8 codes: the top hits are those
+    of exact search and the scores within int8 error of the exact cosines."""
+    monkeypatch.setattr(vector_index, "PRESELECT", 40)  # a real pre-selection out of 150
+    with MemoryEngine(_config(filled, vector_cache_max=100), embedder=SpreadEmbedder()) as eng:
+        overlaps = []
+        for query in ("alpha bravo", "zulu tango lima", "kilo", "mike november oscar papa"):
+            for depth in (5, 20):
+                got, want = eng._dense(query, "a", tags, depth), _oracle(eng, query, "a", tags, depth)
+                overlaps.append(_overlap(got, want))
+                exact = dict(_oracle(eng, query, "a", tags, 1000))
+                assert all(abs(score - exact[mid]) < 0.02 for mid, score in got)
+                assert [s for _, s in got] == sorted((s for _, s in got), reverse=True)
+        assert np.mean(overlaps) >= 0.9
+        assert eng.index.quantized_size == 150 and eng.index.size == 0
+        _same(eng._dense("alpha", None, [], 10), _oracle(eng, "alpha", None, [], 10))  # 450 > 100: sqlite-vec
+
+
+def test_quantized_session_follows_writes(tmp_path):
+    with MemoryEngine(_config(tmp_path / "m.db", vector_cache_max=10), embedder=SpreadEmbedder()) as eng:
+        ids = eng.save([f"memory number {i}" for i in range(30)], session_id="s")["ids"]
+        assert eng._dense("memory number 7", "s", [], 1)[0][0] == ids[7]
+        assert eng.index.quantized_size == 30
+        new = eng.save(["a brand new memory"], session_id="s")["ids"][0]
+        assert eng.index.quantized_size == 31 and eng._dense("a brand new memory", "s", [], 1)[0][0] == new
+        eng.update(ids[3], "rewritten completely")
+        assert eng._dense("rewritten completely", "s", [], 1)[0][0] == ids[3]
+        eng.delete(ids[7])
+        assert ids[7] not in [m for m, _ in eng._dense("memory number 7", "s", [], 31)]
+        eng.save(["Memory number 9"], session_id="s")
+        assert eng.index.quantized_size == 31
+        texts = ["memory number 12", "something else entirely"]
+        with eng.index.write():  # the near-duplicate check on the quantised copy
+            nearest = eng.index.nearest("s", eng.embedder.embed_documents(texts))
+        for (mid, score), text in zip(nearest, texts):
+            best = _oracle(eng, text, "s", [], 1)[0]
+            assert mid == best[0] and abs(score - best[1]) < 0.02

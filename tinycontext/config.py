@@ -45,6 +45,8 @@ class TinyContextConfig(BaseModel):
     embedding_model: str = "fast"
     embedding_batch_size: int = Field(32, ge=1, le=1024)
     embedding_cache_size: int = Field(4096, ge=0)
+    # Threads embedding batches in parallel, one ONNX thread each (0: one per CPU).
+    embedding_threads: int = Field(0, ge=0, le=256)
     recall_top_k: int = Field(10, ge=1, le=1000)
     recall_max_tokens: int = Field(2000, ge=1, le=1_000_000)
     recall_candidates: int = Field(100, ge=1, le=10_000)
@@ -65,14 +67,17 @@ class TinyContextConfig(BaseModel):
     dense_document_prefix: str = ""
     # Cosine similarity at or above which a new memory is reported as a near-duplicate.
     dedup_threshold: float = Field(0.95, gt=0.0, le=1.0)
-    # "report": save and report near-duplicates; "skip": do not save them.
-    dedup_mode: Literal["report", "skip"] = "report"
+    # "report": save and report near-duplicates; "skip": do not save them; "off": no near-duplicate
+    # check (bulk loads into huge sessions: the check scans the session once per new memory).
+    dedup_mode: Literal["report", "skip", "off"] = "report"
     # "error": refuse a DB built by another embedder; "auto": re-embed everything on open.
     reindex: Literal["error", "auto"] = "error"
     max_content_chars: int = Field(100_000, ge=1)
     max_batch_size: int = Field(1000, ge=1)
     # Vectors held in RAM for fast exact dense search (0: always query sqlite-vec); bigger sessions use sqlite-vec.
     vector_cache_max: int = Field(200_000, ge=0)
+    # Bigger sessions are held quantised (sign bits + int8 codes, ~440 bytes a vector) up to this many vectors.
+    vector_quantized_max: int = Field(2_000_000, ge=0)
     # SSRF guard: let web fetches reach loopback/private/link-local hosts (local test servers, intranets).
     allow_private_hosts: bool = False
     # Web tools (search, scrape_urls, current_datetime) in the MCP server, REST API and CLI.

@@ -9,8 +9,10 @@ most CPU time goes otherwise.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
@@ -25,6 +27,17 @@ POOLINGS = ("mean", "cls", "graph", "static")
 # Padded tokens per ONNX batch. Small batches run faster on CPU (cache-sized matrices, less padding):
 # short texts went 72 -> ~120 texts/s going from 4096 to 512 here; long documents are unaffected.
 MAX_BATCH_TOKENS = 512
+# ONNX graph rewrites left out: on this CPU kernel the fused SkipLayerNormalization runs slower than
+# the Add + LayerNormalization it replaces (scripts/bench_embed.py, notes/bench_embed.md).
+DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -102,9 +115,14 @@ class Embedder:
     """Embeds queries and documents; caches identical texts (LRU). Thread-safe."""
 
     def __init__(self, bundle: ModelBundle, *, batch_size: int = 32, cache_size: int = 4096,
-                 query_prefix: str = "", document_prefix: str = "", pooling: str | None = None):
+                 query_prefix: str = "", document_prefix: str = "", pooling: str | None = None, threads: int = 0):
         self.bundle = bundle
         self.batch_size = batch_size
+        # Batches run in parallel, one thread each (0: one per CPU). A single-threaded ONNX run per
+        # batch keeps every core busy with useful work: ORT's own intra-op threads spin and wait on
+        # each other at every operator, which halves throughput on a small or shared CPU.
+        self.threads = threads or cpu_count()
+        self._pool: ThreadPoolExecutor | None = None
         # An empty override means "use the model's own prefix".
         self.query_prefix = query_prefix or bundle.query_prefix
         self.document_prefix = document_prefix or bundle.document_prefix
@@ -139,8 +157,12 @@ class Embedder:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            session = ort.InferenceSession(str(self.bundle.model_file), options, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(str(self.bundle.model_file), options, providers=["CPUExecutionProvider"],
+                                           disabled_optimizers=DISABLED_OPTIMIZERS)
         except Exception as exc:
             raise ModelUnavailableError(
                 f"Cannot load ONNX model {self.bundle.model_file}: {exc}. The file may be corrupt: delete it and re-download.",
@@ -200,12 +222,27 @@ class Embedder:
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
         result = np.empty((len(texts), self.dimensions), dtype=np.float32)
         batches = self._batches(order, [len(e.ids) for e in encodings])
-        for batch in tqdm(batches, desc="embedding", unit="batch", disable=not progress or len(batches) < 2, leave=False):
-            result[batch] = self._run([encodings[i] for i in batch])
+        bar = tqdm(total=len(texts), desc="embedding", unit="text", disable=not progress or len(batches) < 2, leave=False)
+        # A text's vector does not depend on its batch (single-threaded kernels, masked padding), so
+        # batches may run in any order and on any thread.
+        def run(batch: list[int]) -> np.ndarray:
+            return self._run([encodings[i] for i in batch])
+
+        outputs = map(run, batches) if len(batches) < 2 or self.threads < 2 else self._executor().map(run, batches)
+        with bar:
+            for batch, vectors in zip(batches, outputs):
+                result[batch] = vectors
+                bar.update(len(batch))
         if self.bundle.normalize:
             norms = np.linalg.norm(result, axis=1, keepdims=True)
             result /= np.maximum(norms, 1e-12)
         return result
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="tinycontext-embed")
+            return self._pool
 
     def _batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
         """Split length-sorted indices into batches of at most ``batch_size`` texts and about
@@ -213,9 +250,11 @@ class Embedder:
         matrices run faster on a CPU)."""
         batches: list[list[int]] = []
         current: list[int] = []
+        # Enough batches to keep every thread busy (a few texts per batch at least).
+        size = min(self.batch_size, max(4, -(-len(order) // self.threads)))
         for i in order:
             # Sorted ascending, so lengths[i] is the padded width of the batch if i joins it.
-            if current and (len(current) >= self.batch_size or (len(current) + 1) * lengths[i] > MAX_BATCH_TOKENS):
+            if current and (len(current) >= size or (len(current) + 1) * lengths[i] > MAX_BATCH_TOKENS):
                 batches.append(current)
                 current = []
             current.append(i)

@@ -146,6 +146,7 @@ def build_embedder(config: TinyContextConfig) -> Embedder:
         cache_size=config.embedding_cache_size,
         query_prefix=config.dense_query_prefix,
         document_prefix=config.dense_document_prefix,
+        threads=config.embedding_threads,
     )
 
 
@@ -165,7 +166,7 @@ class MemoryEngine:
         except BaseException:  # e.g. model_mismatch: do not leave the file open
             self.store.close()
             raise
-        self.index = VectorIndex(self.store, self.config.vector_cache_max)
+        self.index = VectorIndex(self.store, self.config.vector_cache_max, self.config.vector_quantized_max)
         self.progress = progress
 
     def close(self) -> None:
@@ -240,10 +241,12 @@ class MemoryEngine:
         saved: list[dict] = []
         skipped: list[dict] = []
         near: list[dict] = []
-        self.index.prepare(session)
+        check = self.config.dedup_mode != "off"
+        if check:
+            self.index.prepare(session)
         with self.index.write() as conn:
             # All stored neighbours in one matrix product (None: session too big for the copy, ask vec0).
-            neighbours = self.index.nearest(session, vectors)
+            neighbours = self.index.nearest(session, vectors) if check else [None] * len(items)
             created = now_iso()
             conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, created))
             batch_seen: dict[str, int] = {}
@@ -258,7 +261,9 @@ class MemoryEngine:
                     # Same text already in this session: saving it again would only waste recall tokens.
                     skipped.append({"index": i, "reason": "duplicate", "duplicate_of": existing[0] if existing else batch_seen[digest]})
                     continue
-                similar = _nearest(neighbours[i] if neighbours is not None else self._vec0_nearest(conn, session, vector), vector, batch_kept)
+                similar = None
+                if check:
+                    similar = _nearest(neighbours[i] if neighbours is not None else self._vec0_nearest(conn, session, vector), vector, batch_kept)
                 if similar and similar[1] >= self.config.dedup_threshold:
                     report = {"index": i, "similar_to": similar[0], "similarity": round(similar[1], 4)}
                     if self.config.dedup_mode == "skip":

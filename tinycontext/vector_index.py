@@ -18,7 +18,13 @@ The copy stays exact:
   100k), so it pays off after a few queries, not on every one.
 
 Sessions larger than ``max_vectors`` (the ``vector_cache_max`` setting; 0 disables the copy) are
-not loaded: search and near-duplicate checks return None and the caller queries vec0.
+held quantised instead, up to ``quantized_max`` vectors (``vector_quantized_max``; 0: never): per
+vector 48 bytes of sign bits and 384 int8 codes with a scale, ~440 bytes against 1,536 for float32,
+so a million memories take ~440 MB. A search ranks every vector by Hamming distance of the sign
+bits and rescores the best PRESELECT by their int8 codes; scores are those int8 cosines (the
+benchmark scripts/bench_scale.py checks the top 10 against exact search). Sessions larger still,
+and searches across all sessions when they hold more than ``max_vectors``, return None and the
+caller queries vec0.
 """
 
 from __future__ import annotations
@@ -38,6 +44,10 @@ from .store import Store
 NEAREST_CHUNK = 16_000_000
 # Rows fetched from sqlite-vec per slice when loading.
 LOAD_SLICE = 8192
+# Quantised sessions: candidates kept by Hamming distance (at least; 50 per requested hit), and
+# rows per slice of the Hamming scan (bounded temporaries, cache-sized).
+PRESELECT = 10_000
+HAMMING_SLICE = 65_536
 
 # Products run on one BLAS thread: OpenBLAS workers keep spinning after a multi-threaded product
 # and starve the ONNX query embedding that runs next (10k recall with a fresh query: 40 ms against
@@ -100,6 +110,102 @@ class _Block:
             self.n = last
 
 
+class _QuantBlock:
+    """A session held quantised: sign bits (after subtracting a fixed centre, which spreads the
+    bits of embeddings that share a common direction) and int8 codes with one scale per row."""
+
+    quantized = True
+
+    def __init__(self, expected: int = 0):
+        self.n = 0
+        self._expected = expected
+        self.center: np.ndarray | None = None
+        self._ids = np.zeros(0, np.int64)
+        self._bits = np.zeros((0, 0), np.uint64)  # word-major (words x capacity): the scan runs along rows
+        self._codes = np.zeros((0, 0), np.int8)
+        self._scales = np.zeros(0, np.float32)
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self._ids[: self.n]
+
+    def signs(self, rows: np.ndarray) -> np.ndarray:
+        bits = np.packbits(rows - self.center > 0, axis=-1)
+        pad = (-bits.shape[-1]) % 8
+        if pad:
+            bits = np.concatenate([bits, np.zeros(bits.shape[:-1] + (pad,), np.uint8)], axis=-1)
+        return np.ascontiguousarray(bits).view(np.uint64)
+
+    @staticmethod
+    def _quantise(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        scales = np.abs(rows).max(axis=1) / 127.0
+        codes = np.rint(np.divide(rows, scales[:, None], out=np.zeros_like(rows), where=scales[:, None] > 0))
+        return codes.astype(np.int8), scales.astype(np.float32)
+
+    def append(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        if self.center is None:
+            self.center = rows.mean(axis=0).astype(np.float32)
+        bits = self.signs(rows)
+        codes, scales = self._quantise(rows)
+        need = self.n + len(ids)
+        if need > len(self._ids):
+            capacity = max(need, self.n + self.n // 8, self._expected, 64)
+
+            def grow(old: np.ndarray, shape: tuple) -> np.ndarray:
+                new = np.zeros((capacity, *shape), old.dtype)
+                new[: self.n] = old[: self.n]
+                return new
+            self._ids, self._scales = grow(self._ids, ()), grow(self._scales, ())
+            self._bits = grow(self._bits.T if self.n else np.zeros((0, bits.shape[1]), np.uint64), bits.shape[1:]).T.copy()
+            self._codes = grow(self._codes if self.n else np.zeros((0, codes.shape[1]), np.int8), codes.shape[1:])
+        sl = slice(self.n, need)
+        self._ids[sl], self._bits[:, sl], self._codes[sl], self._scales[sl] = ids, bits.T, codes, scales
+        self.n = need
+
+    def replace(self, memory_id: int, row: np.ndarray) -> None:
+        at = np.flatnonzero(self.ids == memory_id)
+        if len(at):
+            codes, scales = self._quantise(row[None, :])
+            self._bits[:, at], self._codes[at], self._scales[at] = self.signs(row[None, :]).T, codes, scales
+
+    def remove(self, memory_id: int) -> None:
+        for i in np.flatnonzero(self.ids == memory_id)[::-1]:
+            last = self.n - 1
+            for arr in (self._ids, self._bits.T, self._codes, self._scales):
+                arr[i] = arr[last]
+            self.n = last
+
+    def scores(self, query: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Cosine with the unit ``query`` from the int8 codes of the rows at ``positions``."""
+        return (self._codes[positions].astype(np.float32) @ query) * self._scales[positions]
+
+    def candidates(self, query: np.ndarray, count: int, mask: np.ndarray | None) -> np.ndarray:
+        """Row positions of about ``count`` rows most similar to the unit ``query`` by their int8
+        codes, among the PRESELECT (or more) nearest by Hamming distance; best first."""
+        n = self.n
+        if mask is not None:
+            n_allowed = int(mask.sum())
+            if n_allowed == 0:
+                return np.zeros(0, np.int64)
+        q_bits = self.signs(query[None, :])[0]
+        distance = np.empty(n, np.uint16)
+        for start in range(0, n, HAMMING_SLICE):
+            end = min(n, start + HAMMING_SLICE)
+            total = distance[start:end]
+            total[:] = 0
+            for word, q_word in zip(self._bits[:, start:end], q_bits):
+                total += np.bitwise_count(word ^ q_word)
+        if mask is not None:
+            distance[~mask] = np.iinfo(np.uint16).max
+            n = n_allowed
+        keep = min(n, max(PRESELECT, 50 * count))
+        pre = np.argpartition(distance, keep - 1)[:keep] if keep < len(distance) else np.flatnonzero(distance < np.iinfo(np.uint16).max)
+        approx = self.scores(query, pre)
+        count = min(count, len(pre))
+        best = np.argpartition(-approx, count - 1)[:count] if count < len(pre) else np.arange(len(pre))
+        return pre[best[np.argsort(-approx[best], kind="stable")]]
+
+
 class VectorIndex:
     """In-RAM per-session copy of ``memory_vectors`` for exact cosine search.
 
@@ -107,9 +213,10 @@ class VectorIndex:
     take the lock, :meth:`nearest` runs inside :meth:`write`.
     """
 
-    def __init__(self, store: Store, max_vectors: int):
+    def __init__(self, store: Store, max_vectors: int, quantized_max: int = 0):
         self.store = store
         self.max_vectors = max_vectors
+        self.quantized_max = quantized_max
         self._blocks: OrderedDict[str, _Block] = OrderedDict()  # least recently used first
         self._complete = False  # every session is loaded (recall across all sessions)
         self._stamp: tuple[int, int] | None = None
@@ -117,7 +224,12 @@ class VectorIndex:
 
     @property
     def size(self) -> int:
-        return sum(b.n for b in self._blocks.values())
+        """Vectors held as float32 rows."""
+        return sum(b.n for b in self._blocks.values() if not isinstance(b, _QuantBlock))
+
+    @property
+    def quantized_size(self) -> int:
+        return sum(b.n for b in self._blocks.values() if isinstance(b, _QuantBlock))
 
     # -- coherence ------------------------------------------------------------------------------
 
@@ -174,7 +286,11 @@ class VectorIndex:
             if not self._complete:  # not loaded: it will be read from the table, new rows included
                 return
             block = self._blocks[session] = _Block()
-        if self.size + len(ids) > self.max_vectors:
+        if isinstance(block, _QuantBlock):
+            limit, size = self.quantized_max, self.quantized_size
+        else:
+            limit, size = self.max_vectors, self.size
+        if size + len(ids) > limit:
             del self._blocks[session]
             self._complete = False
             return
@@ -187,20 +303,25 @@ class VectorIndex:
 
     # -- loading --------------------------------------------------------------------------------
 
-    def _session(self, session: str) -> _Block | None:
+    def _session(self, session: str) -> _Block | _QuantBlock | None:
         block = self._blocks.get(session)
         if block is not None:
             self._blocks.move_to_end(session)
             return block
         count = self.store.conn.execute("SELECT count(*) FROM memories WHERE session_id = ?", (session,)).fetchone()[0]
-        if count > self.max_vectors:
+        quantized = count > self.max_vectors
+        if quantized and count > self.quantized_max:
             return None
-        while self._blocks and self.size + count > self.max_vectors:
-            self._blocks.popitem(last=False)
+        kind = _QuantBlock if quantized else _Block
+        limit = self.quantized_max if quantized else self.max_vectors
+        held = lambda: self.quantized_size if quantized else self.size  # noqa: E731
+        while held() + count > limit:  # evict the least recently used blocks of the same kind
+            oldest = next(s for s, b in self._blocks.items() if isinstance(b, kind))
+            del self._blocks[oldest]
             self._complete = False
         # Headroom for the session's next saves, so they append without copying the matrix.
-        loaded = self._read(" WHERE session_id = ?", (session,), lambda _: session, expected=count + count // 8)
-        block = self._blocks[session] = loaded.get(session) or _Block()
+        loaded = self._read(" WHERE session_id = ?", (session,), lambda _: session, expected=count + count // 8, kind=kind)
+        block = self._blocks[session] = loaded.get(session) or kind()
         return block
 
     def _all(self) -> list[_Block] | None:
@@ -215,7 +336,8 @@ class VectorIndex:
             self._complete = True
         return list(self._blocks.values())
 
-    def _read(self, where: str, params: tuple, session_of: Callable[[int], str | None], expected: int = 0) -> dict[str, _Block]:
+    def _read(self, where: str, params: tuple, session_of: Callable[[int], str | None], expected: int = 0,
+              kind: type = _Block) -> dict[str, _Block]:
         """Blocks per session from ``memory_vectors``, fetched in slices so the raw rows never
         take more memory than one slice."""
         cursor = self.store.conn.execute("SELECT memory_id, embedding FROM memory_vectors" + where, params)
@@ -231,7 +353,7 @@ class VectorIndex:
                 blobs.append(blob)
             for session, (ids, blobs) in groups.items():
                 vectors = np.frombuffer(b"".join(blobs), np.float32).reshape(len(blobs), -1)
-                blocks.setdefault(session, _Block(expected)).append(np.asarray(ids, np.int64), _unit(vectors))
+                blocks.setdefault(session, kind(expected)).append(np.asarray(ids, np.int64), _unit(vectors))
         return blocks
 
     # -- queries --------------------------------------------------------------------------------
@@ -252,9 +374,13 @@ class VectorIndex:
                 return None
             q = _unit(query)
             blocks = [b for b in blocks if b.n]
-            ids = np.concatenate([b.ids for b in blocks] or [np.zeros(0, np.int64)])
-            with _one_blas_thread():
-                scores = np.concatenate([b.rows @ q for b in blocks] or [np.zeros(0, np.float32)])
+            if len(blocks) == 1 and isinstance(blocks[0], _QuantBlock):
+                ids, scores = self._quantized_search(blocks[0], q, k, allowed)
+                allowed = None
+            else:
+                ids = np.concatenate([b.ids for b in blocks] or [np.zeros(0, np.int64)])
+                with _one_blas_thread():
+                    scores = np.concatenate([b.rows @ q for b in blocks] or [np.zeros(0, np.float32)])
         if allowed is not None:
             keep = np.isin(ids, allowed)
             ids, scores = ids[keep], scores[keep]
@@ -264,6 +390,15 @@ class VectorIndex:
         top = np.argpartition(-scores, k - 1)[:k] if k < len(ids) else np.arange(len(ids))
         top = top[np.lexsort((ids[top], -scores[top]))]
         return list(zip(ids[top].tolist(), scores[top].astype(np.float64).tolist()))
+
+    @staticmethod
+    def _quantized_search(block: _QuantBlock, q: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The k best of a quantised block with their int8 scores (within ~1e-3 of the cosine).
+        Exact float32 rescoring would need the rows from sqlite-vec, whose point lookups read a
+        whole chunk of 1,024 vectors each: slower than the whole search."""
+        mask = None if allowed is None else np.isin(block.ids, allowed)
+        positions = block.candidates(q, k, mask)
+        return block.ids[positions], block.scores(q, positions)
 
     def prepare(self, session: str) -> None:
         """Load a session before a write transaction, so the database's write lock is not held
@@ -287,6 +422,12 @@ class VectorIndex:
             return [None] * len(vectors)
         out: list[tuple[int, float] | None] = []
         queries = _unit(vectors)
+        if isinstance(block, _QuantBlock):  # one pre-selection per vector: ~O(n) bit operations each
+            for q in queries:
+                ids, sims = self._quantized_search(block, q, 1, None)
+                best = sims.max()
+                out.append((int(ids[sims == best].min()), float(best)))
+            return out
         step = max(1, NEAREST_CHUNK // block.n)
         for start in range(0, len(queries), step):
             with _one_blas_thread():

@@ -40,6 +40,7 @@ ACTIONS = ("look", "click", "type", "press", "wait_for", "tabs", "switch_tab", "
 NEEDS_REF = {"click", "type"}
 MAX_TEXT_CHARS = 10_000
 SETTLE_S = 2.0  # longest wait for the page to go quiet after an action
+LINK_WAIT_S = 1.0  # longest wait for a clicked link to open a tab or start loading
 MAX_EVENTS = 20
 
 
@@ -271,12 +272,17 @@ class BrowserService:
         page.on("requestfinished", lambda _r: _bump(tab, -1))
         page.on("requestfailed", lambda _r: _bump(tab, -1))
         page.on("filechooser", lambda _chooser: session.note(f"tab {tab.id}: a file chooser opened; uploads are not supported"))
-        tab.cdp = await session.context.new_cdp_session(page)
-        tab.cdp.on("Page.frameNavigated", lambda event: _navigated(tab, event))
-        await tab.cdp.send("Page.enable")
-        await tab.cdp.send("DOM.enable")
-        await tab.cdp.send("Accessibility.enable")
-        tab.ready.set()
+        try:
+            tab.cdp = await session.context.new_cdp_session(page)
+            tab.cdp.on("Page.frameNavigated", lambda event: _navigated(tab, event))
+            await tab.cdp.send("Page.enable")
+            await tab.cdp.send("DOM.enable")
+            await tab.cdp.send("Accessibility.enable")
+        except Exception:
+            self._tab_closed(session, tab)  # e.g. a popup that closed itself at once
+            raise
+        finally:
+            tab.ready.set()
         if opened:
             session.note(f"tab {tab.id} opened: switch_tab {tab.id} to use it")
         return tab
@@ -388,7 +394,10 @@ class BrowserService:
         try:
             if action == "click":
                 x, y = await self._point(tab, target, ref)
+                tabs, generation = len(session.tabs), tab.generation
                 await page.mouse.click(x, y)
+                if target.label.startswith("link"):
+                    await _link_followed(session, tab, tabs, generation)
             elif action == "type":
                 if not target.editable:
                     raise InvalidInputError(f"ref {ref} ({target.label}) is not a text field; type needs a textbox, "
@@ -546,6 +555,21 @@ def _navigated(tab: Tab, event: dict) -> None:
     # A new document in the main frame: its DOM node ids mean other nodes now.
     if not event.get("frame", {}).get("parentId"):
         tab.generation += 1
+
+
+async def _link_followed(session: Session, tab: Tab, tabs: int, generation: int) -> None:
+    """Give a clicked link a moment to show what it does: a new tab (its page event arrives after the
+    click returns), a request or a new document in this tab."""
+    deadline = time.monotonic() + LINK_WAIT_S
+    while time.monotonic() < deadline:
+        if len(session.tabs) > tabs or tab.inflight or tab.generation != generation:
+            break
+        await asyncio.sleep(0.05)
+    for other in list(session.tabs.values()):
+        try:
+            await asyncio.wait_for(other.ready.wait(), SETTLE_S)
+        except asyncio.TimeoutError:
+            pass
 
 
 async def _settle(tab: Tab) -> None:

@@ -1,0 +1,194 @@
+"""A million memories in one session: save through the engine, then recall with bounded memory.
+
+    python scripts/bench_scale.py --memories 1000000 --workdir /tmp/scale          # build + measure
+    python scripts/bench_scale.py --memories 1000000 --workdir /tmp/scale --reuse  # measure only
+
+Memories are two random real sentences joined (LoCoMo turns and SciFact abstract sentences, the
+pool bench_engine.py's latency part uses). Embedding a million texts would take hours here, so a
+memory's vector is the normalised sum of its two sentences' real MiniLM vectors (the pool is
+embedded once with the real model); everything else goes through ``MemoryEngine.save`` in calls of
+1,000 (``dedup_mode="off"``: the near-duplicate check scans the whole session per new memory).
+
+Recall is measured in a fresh process (so RSS is what recall needs): the first recall (loads the
+quantised copy), then fresh queries (LoCoMo questions and SciFact queries, embedded by the real
+model): recall() p50/p95 with default settings and dense-only, RSS, DB size, and the recall@10 of
+the quantised dense search against exact brute force over the stored float32 vectors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_engine  # noqa: E402
+import bench_locomo  # noqa: E402
+from tinycontext import MemoryEngine, TinyContextConfig  # noqa: E402
+from tinycontext.embeddings import Embedder  # noqa: E402
+from tinycontext.model_hub import resolve_model  # noqa: E402
+
+SESSION = "big"
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def config(work: Path, **extra) -> TinyContextConfig:
+    return TinyContextConfig(memory_db_path=work / "scale.db", models_dir=work / "models", **extra)
+
+
+def real_embedder(cfg: TinyContextConfig) -> Embedder:
+    return Embedder(resolve_model(cfg.embedding_model, cfg.models_dir), cache_size=0)
+
+
+class PoolEmbedder:
+    """The real embedder's identity and queries; documents get the vectors registered for them."""
+
+    def __init__(self, real: Embedder):
+        self.real, self.identity, self.dimensions = real, real.identity, real.dimensions
+        self.vectors: dict[str, np.ndarray] = {}
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.real.embed_query(text)
+
+    def embed_documents(self, texts, *, progress: bool = False) -> np.ndarray:
+        return np.stack([self.vectors.pop(t) for t in texts])
+
+
+def build(work: Path, n: int, batch: int) -> dict:
+    cfg = config(work, dedup_mode="off")
+    real = real_embedder(cfg)
+    rng = random.Random(11)
+    pool = bench_engine.real_pool(bench_locomo.load())
+    rng.shuffle(pool)
+    pool = pool[:5000]
+    started = time.perf_counter()
+    cache = work / "pool-vectors.npy"  # the pool's real embeddings, kept for rebuilds
+    vectors = np.load(cache) if cache.exists() else real.embed_documents(pool, progress=True)
+    np.save(cache, vectors)
+    embed_s = time.perf_counter() - started
+    embedder = PoolEmbedder(real)
+    saved, save_s = 0, 0.0
+    with MemoryEngine(cfg, embedder=embedder) as engine, tqdm(total=n, desc="saving", unit="memory") as bar:
+        while saved < n:
+            pairs = [(rng.randrange(len(pool)), rng.randrange(len(pool))) for _ in range(min(batch, n - saved))]
+            texts = [f"{pool[a]} {pool[b]} [{saved + i}]" for i, (a, b) in enumerate(pairs)]
+            sums = vectors[[a for a, _ in pairs]] + vectors[[b for _, b in pairs]]
+            for text, vec in zip(texts, sums / np.linalg.norm(sums, axis=1, keepdims=True)):
+                embedder.vectors[text] = vec.astype(np.float32)
+            t = time.perf_counter()
+            result = engine.save(texts, session_id=SESSION)
+            save_s += time.perf_counter() - t
+            saved += len(result["saved"])
+            bar.update(len(texts))
+    return {"memories": saved, "pool_texts": len(pool), "pool_embed_s": embed_s, "save_s": save_s,
+            "saves_per_s": saved / save_s, "peak_rss_mb_build": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def exact_top(work: Path, queries: np.ndarray, k: int) -> list[list[int]]:
+    """Brute force over every stored float32 vector of the session (read in slices)."""
+    import sqlite_vec
+    import sqlean
+
+    conn = sqlean.connect(str(work / "scale.db"))
+    conn.enable_load_extension(True)
+    sqlite_vec.load(conn)
+    best_ids = np.zeros((len(queries), 0), np.int64)
+    best_scores = np.zeros((len(queries), 0), np.float32)
+    cursor = conn.execute("SELECT memory_id, embedding FROM memory_vectors WHERE session_id = ?", (SESSION,))
+    while rows := cursor.fetchmany(50_000):
+        ids = np.array([r[0] for r in rows], np.int64)
+        mat = np.frombuffer(b"".join(r[1] for r in rows), np.float32).reshape(len(rows), -1)
+        mat = mat / np.linalg.norm(mat, axis=1, keepdims=True)
+        scores = queries @ mat.T
+        best_ids = np.concatenate([best_ids, np.broadcast_to(ids, scores.shape)], axis=1)
+        best_scores = np.concatenate([best_scores, scores], axis=1)
+        top = np.argsort(-best_scores, axis=1, kind="stable")[:, :k]
+        best_ids = np.take_along_axis(best_ids, top, 1)
+        best_scores = np.take_along_axis(best_scores, top, 1)
+    conn.close()
+    return best_ids.tolist()
+
+
+def measure(work: Path, queries_n: int, exact_n: int, cache_max: int) -> dict:
+    cfg = config(work, vector_cache_max=cache_max)
+    rng = random.Random(5)
+    questions = [q["question"] for c in bench_locomo.load() for q in c["qa"]]
+    with open(bench_engine.SCIFACT / "queries.jsonl", encoding="utf-8") as f:
+        questions += [json.loads(line)["text"] for line in f]
+    rng.shuffle(questions)
+    out = {"db_mb": sum(p.stat().st_size for p in work.glob("scale.db*")) / 2**20, "rss_mb_open": None}
+    with MemoryEngine(cfg) as engine:
+        out["rss_mb_open"] = rss_mb()
+        t = time.perf_counter()
+        engine.recall("warm up: load the model and the quantised copy", session_id=SESSION)
+        out["first_recall_s"] = time.perf_counter() - t
+        out["rss_mb_loaded"] = rss_mb()
+        fresh = iter(questions)
+        for name, weight in (("default", None), ("dense_only", 1.0), ("bm25_only", 0.0)):
+            ms = []
+            for _ in range(queries_n):
+                q = next(fresh)
+                t = time.perf_counter()
+                engine.recall(q, session_id=SESSION, dense_weight=weight)
+                ms.append((time.perf_counter() - t) * 1000)
+            out[f"recall_{name}_ms"] = {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95)), "n": len(ms)}
+        out["rss_mb_after"] = rss_mb()
+        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out["quantized_vectors"] = engine.index.quantized_size
+        sample = [next(fresh) for _ in range(exact_n)]
+        qv = np.stack([engine.embedder.embed_query(q) for q in sample])
+        qv /= np.linalg.norm(qv, axis=1, keepdims=True)
+        got = [[i for i, _ in engine._dense(q, SESSION, [], 10)] for q in sample]
+    want = exact_top(work, qv, 10)
+    out["dense_recall@10_vs_exact"] = statistics.mean(len(set(g) & set(w)) / 10 for g, w in zip(got, want))
+    out["exact_queries"] = exact_n
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--memories", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--reuse", action="store_true", help="measure the database already in --workdir")
+    parser.add_argument("--queries", type=int, default=100, help="fresh queries per recall setting")
+    parser.add_argument("--exact", type=int, default=50, help="queries checked against exact search")
+    parser.add_argument("--cache-max", type=int, default=TinyContextConfig().vector_cache_max,
+                        help="vector_cache_max for recall (sessions above it are held quantised)")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # the fresh recall process
+    args = parser.parse_args()
+    if args.measure_only:
+        print(json.dumps(measure(args.workdir, args.queries, args.exact, args.cache_max)))
+        return
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    result = {"command": " ".join(sys.argv), "loadavg_start": os.getloadavg()}
+    if not args.reuse:
+        (args.workdir / "scale.db").unlink(missing_ok=True)
+        result["build"] = build(args.workdir, args.memories, args.batch)
+        print(json.dumps(result["build"]), flush=True)
+    proc = subprocess.run([sys.executable, __file__, "--measure-only", "--workdir", str(args.workdir), "--queries", str(args.queries),
+                           "--exact", str(args.exact), "--cache-max", str(args.cache_max)], check=True, capture_output=True, text=True)
+    result["recall"] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["loadavg_end"] = os.getloadavg()
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
