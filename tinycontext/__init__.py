@@ -4,6 +4,7 @@ from .config import TinyContextConfig, load_config
 from .engine import (
     MemoryEngine,
     MemoryInput,
+    StoredMemory,
     close_engines,
     delete_memory,
     get_memory,
@@ -29,7 +30,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "TinyContextConfig", "load_config", "MemoryEngine", "MemoryInput", "save_memories", "recall_memories",
+    "TinyContextConfig", "load_config", "MemoryEngine", "MemoryInput", "StoredMemory", "save_memories", "recall_memories",
     "update_memory", "delete_memory", "get_memory", "close_engines",
     "TinyContextError", "InvalidInputError", "EmptyMemoryError", "RecallBudgetError", "SessionNotFoundError",
     "MemoryNotFoundError", "ModelMismatchError", "ModelUnavailableError", "ConfigError", "ConflictError", "StorageError",

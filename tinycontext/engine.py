@@ -74,6 +74,19 @@ class MemoryInput(BaseModel):
     ttl_seconds: int | None = Field(None, description="Delete the memory this many seconds after saving (optional).")
 
 
+class StoredMemory(MemoryInput):
+    """A memory as exported, for :meth:`MemoryEngine.import_memories`: what saving would store, plus
+    what an export keeps. ``uid`` is the memory's stable identity (present: skipped on import)."""
+
+    uid: str | None = Field(None, min_length=1, max_length=200)
+    id: int | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+    version: int = Field(1, ge=1)
+    history: list[dict[str, Any]] = Field(default_factory=list)
+    vector: list[float] | None = None
+
+
 def _depth(value: Any, level: int = 0) -> int:
     if level > MAX_METADATA_DEPTH:
         return level
@@ -233,11 +246,50 @@ class MemoryEngine:
         items = self._validate(memories)
         session = _check_session(session_id) or DEFAULT_SESSION
         call_episode = conversation.check_label(episode, "episode", conversation.MAX_EPISODE_CHARS, "save")
+        return self._write(items, session, call_episode)
+
+    def import_memories(self, memories: Sequence[StoredMemory | dict], *, session_id: str | None = None) -> dict:
+        """Write exported memories into a session through the same path as :meth:`save` (same
+        validation, exact duplicates skipped), keeping what an export carries: ``uid`` (a memory whose
+        uid is already here is skipped, so importing twice adds nothing), the id when this database
+        never used it (else a new one, reported in ``renumbered``), dates, version, history, and the
+        vector when its size fits this embedder (else the text is embedded again)."""
+        try:
+            stored = [m if isinstance(m, StoredMemory) else StoredMemory.model_validate(m) for m in memories]
+        except ValidationError as exc:
+            raise InvalidInputError(f"memories are malformed: {exc}".splitlines()[0]) from exc
+        fields = set(MemoryInput.model_fields)
+        items = self._validate([MemoryInput(**m.model_dump(include=fields)) for m in stored])
+        for i, m in enumerate(stored):
+            for old in m.history:
+                if not {"version", "content", "created_at", "superseded_at"} <= old.keys():
+                    raise InvalidInputError(f"memories[{i}].history entries need version, content, created_at and superseded_at.", index=i)
+        return self._write(items, _check_session(session_id) or DEFAULT_SESSION, None, stored)
+
+    def ensure_session(self, session_id: str, *, created_at: str | None = None) -> bool:
+        """Create a session (with ``created_at``, e.g. kept by an import) unless it exists; True if created."""
+        session = _check_session(session_id)
+        if session is None:
+            raise InvalidInputError("session_id must be a non-empty string.")
+        if created_at is not None and not isinstance(created_at, str):
+            raise InvalidInputError("created_at must be an ISO 8601 string.")
+        with self.store.write() as conn:
+            return conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, created_at or now_iso())).rowcount > 0
+
+    def _write(self, items: list[MemoryInput], session: str, call_episode: str | None,
+               stored: list[StoredMemory] | None = None) -> dict:
+        """Insert validated memories (one transaction); ``stored``: imports, parallel to ``items``."""
         indexed = [conversation.embedding_text(m.content, m.speaker, m.occurred_at, m.attachments) for m in items]
         # The same words said by another speaker or on another day are another memory.
         hashes = [_content_hash(text) for text in indexed]
         tokens = self.tokens.count_many([conversation.display_text(m.content, m.speaker, m.attachments) for m in items])
-        vectors = self.embedder.embed_documents(indexed, progress=self.progress)
+        dims = self.embedder.identity["dimensions"]
+        given = [None if stored is None or stored[i].vector is None or len(stored[i].vector) != dims
+                 or not np.isfinite(stored[i].vector).all() else np.asarray(stored[i].vector, np.float32) for i in range(len(items))]
+        missing = [i for i, v in enumerate(given) if v is None]
+        computed = iter(self.embedder.embed_documents([indexed[i] for i in missing], progress=self.progress)) if missing else iter(())
+        vectors = np.stack([v if v is not None else next(computed) for v in given]) if items else np.zeros((0, dims), np.float32)
+        renumbered: dict[int, int] = {}
         saved: list[dict] = []
         skipped: list[dict] = []
         near: list[dict] = []
@@ -253,7 +305,14 @@ class MemoryEngine:
             batch_kept: list[tuple[int, np.ndarray]] = []
             episodes: dict[str, int] = {}
             auto_key = f"save-{uuid.uuid4().hex[:16]}"
+            ceiling = conn.execute("SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'memories'").fetchone()[0]
             for i, (item, digest, vector) in enumerate(zip(items, hashes, vectors)):
+                restored = stored[i] if stored is not None else None
+                if restored is not None and restored.uid is not None:
+                    present = conn.execute("SELECT id FROM memories WHERE uid = ?", (restored.uid,)).fetchone()
+                    if present:
+                        skipped.append({"index": i, "reason": "already_imported", "duplicate_of": present[0]})
+                        continue
                 existing = conn.execute(
                     "SELECT id FROM memories WHERE session_id = ? AND content_hash = ? LIMIT 1", (session, digest)
                 ).fetchone()
@@ -262,7 +321,7 @@ class MemoryEngine:
                     skipped.append({"index": i, "reason": "duplicate", "duplicate_of": existing[0] if existing else batch_seen[digest]})
                     continue
                 similar = None
-                if check:
+                if check and restored is None:
                     similar = _nearest(neighbours[i] if neighbours is not None else self._vec0_nearest(conn, session, vector), vector, batch_kept)
                 if similar and similar[1] >= self.config.dedup_threshold:
                     report = {"index": i, "similar_to": similar[0], "similarity": round(similar[1], 4)}
@@ -270,20 +329,36 @@ class MemoryEngine:
                         skipped.append({**report, "reason": "near_duplicate"})
                         continue
                     near.append(report)
-                key = item.episode or call_episode or self._auto_episode(item, auto_key)
+                key = item.episode if restored is not None else item.episode or call_episode or self._auto_episode(item, auto_key)
                 if key is not None and key not in episodes:
                     conn.execute("INSERT OR IGNORE INTO episodes(session_id, key, created_at) VALUES (?, ?, ?)", (session, key, created))
                     episodes[key] = conn.execute("SELECT id FROM episodes WHERE session_id = ? AND key = ?", (session, key)).fetchone()[0]
+                # An id is kept only above every id this database ever used: an agent may still act on a deleted one.
+                wanted = restored.id if restored is not None and restored.id is not None and restored.id > ceiling else None
+                born = (restored.created_at if restored is not None else None) or created
                 cursor = conn.execute(
-                    "INSERT INTO memories(session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
-                    " occurred_at, speaker, attachments, context, episode_id, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)",
-                    (session, item.content, json.dumps(item.tags, ensure_ascii=False), json.dumps(item.metadata, ensure_ascii=False),
-                     digest, tokens[i], created, created, item.occurred_at, item.speaker,
+                    "INSERT INTO memories(id, session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
+                    " occurred_at, speaker, attachments, context, episode_id, expires_at, uid)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (wanted, session, item.content, json.dumps(item.tags, ensure_ascii=False), json.dumps(item.metadata, ensure_ascii=False),
+                     digest, tokens[i], born, (restored.updated_at if restored is not None else None) or born,
+                     restored.version if restored is not None else 1, item.occurred_at, item.speaker,
                      json.dumps(item.attachments, ensure_ascii=False),
                      conversation.search_context(item.speaker, item.occurred_at, item.attachments),
-                     None if key is None else episodes[key], item.expires_at),
+                     None if key is None else episodes[key], item.expires_at,
+                     (restored.uid if restored is not None else None) or uuid.uuid4().hex),
                 )
                 mid = cursor.lastrowid
+                ceiling = max(ceiling, mid)
+                if restored is not None:
+                    if restored.id is not None and restored.id != mid:
+                        renumbered[restored.id] = mid
+                    conn.executemany(
+                        "INSERT OR REPLACE INTO memory_versions(memory_id, version, content, tags, metadata, created_at, superseded_at)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [(mid, int(h["version"]), str(h["content"]), json.dumps(h.get("tags") or [], ensure_ascii=False),
+                          json.dumps(h.get("metadata") or {}, ensure_ascii=False), str(h["created_at"]), str(h["superseded_at"]))
+                         for h in restored.history])
                 conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(mid, t) for t in item.tags])
                 conn.execute("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)", (mid, session, vector.tobytes()))
                 batch_seen[digest] = mid
@@ -299,6 +374,7 @@ class MemoryEngine:
             "skipped": skipped,
             "near_duplicates": near,
             "total_tokens": sum(s["tokens"] for s in saved),
+            **({"renumbered": renumbered, "embedded": len({s["index"] for s in saved} & set(missing))} if stored is not None else {}),
         }
 
     def _auto_episode(self, item: MemoryInput, key: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -21,7 +22,7 @@ import numpy as np
 
 from .errors import ModelMismatchError, StorageError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 10_000
 
 
@@ -153,7 +154,34 @@ MIGRATIONS: dict[int, str] = {
         CREATE INDEX memories_expires ON memories(expires_at) WHERE expires_at IS NOT NULL;
         CREATE INDEX memories_created ON memories(created_at);
     """,
+    # v5: ids are never reused (AUTOINCREMENT) and every memory has a stable uid (idempotent import).
+    5: lambda conn: _never_reuse_ids(conn),
 }
+
+
+def _never_reuse_ids(conn) -> None:
+    """SQLite cannot add AUTOINCREMENT to a table, so ``memories`` is rebuilt from its own definition
+    (whatever columns earlier migrations added), keeping every row and id; its indexes and triggers
+    are recreated. The FTS index is keyed by id and the text does not change, so it stays valid.
+    Runs with foreign keys off (see migrate): dropping the table must not cascade to memory_tags."""
+    table_sql = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'memories'").fetchone()[0]
+    if "AUTOINCREMENT" not in table_sql.upper():
+        new_sql, found = re.subn(r"\bid\s+INTEGER\s+PRIMARY\s+KEY\b", "id INTEGER PRIMARY KEY AUTOINCREMENT", table_sql, count=1, flags=re.I)
+        if found != 1:
+            raise StorageError("Cannot find the memories table's id column to upgrade; the database schema was changed by hand.")
+        extras = [r[0] for r in conn.execute("SELECT sql FROM sqlite_master WHERE tbl_name = 'memories' AND type IN ('index', 'trigger') "
+                                             "AND sql IS NOT NULL ORDER BY type, name")]
+        conn.execute("CREATE TEMP TABLE memories_copy AS SELECT * FROM memories")
+        conn.execute("DROP TABLE memories")
+        conn.execute(new_sql)
+        conn.execute("INSERT INTO memories SELECT * FROM temp.memories_copy")  # explicit ids also set sqlite_sequence
+        conn.execute("DROP TABLE temp.memories_copy")
+        for sql in extras:
+            conn.execute(sql)
+    if "uid" not in {r[1] for r in conn.execute("PRAGMA table_info(memories)")}:
+        conn.execute("ALTER TABLE memories ADD COLUMN uid TEXT")
+    conn.execute("UPDATE memories SET uid = lower(hex(randomblob(16))) WHERE uid IS NULL")
+    conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS memories_uid ON memories(uid)")
 
 MEMORY_COLUMNS = ("id, session_id, content, tags, metadata, tokens, created_at, updated_at, version, occurred_at, speaker, "
                   "attachments, (SELECT key FROM episodes WHERE episodes.id = memories.episode_id)")
@@ -238,14 +266,30 @@ class Store:
         current = self.schema_version
         if current > SCHEMA_VERSION:
             raise StorageError(f"Database {self.path} has schema v{current}, newer than this TinyContext (v{SCHEMA_VERSION}). Upgrade tinycontext.")
-        for version in range(current + 1, target + 1):
-            with self.write() as conn:
-                # Re-check under the write lock: another process may have migrated meanwhile.
-                if conn.execute("PRAGMA user_version").fetchone()[0] >= version:
-                    continue
-                for statement in _split_sql(MIGRATIONS[version]):
-                    conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {version}")
+        if current >= target:
+            return
+        # Off outside the transaction (SQLite ignores it inside one) so a table rebuild cannot cascade;
+        # foreign_key_check before each commit still refuses a migration that broke a reference.
+        self.conn.execute("PRAGMA foreign_keys = OFF")
+        try:
+            for version in range(current + 1, target + 1):
+                with self.write() as conn:
+                    # Re-check under the write lock: another process may have migrated meanwhile.
+                    if conn.execute("PRAGMA user_version").fetchone()[0] >= version:
+                        continue
+                    migration = MIGRATIONS[version]
+                    if callable(migration):
+                        migration(conn)
+                    else:
+                        for statement in _split_sql(migration):
+                            conn.execute(statement)
+                    broken = conn.execute("PRAGMA foreign_key_check").fetchall()
+                    if broken:
+                        raise StorageError(f"Migration to schema v{version} of {self.path} would break {len(broken)} references; "
+                                           "nothing was changed. Report this with the database's schema.")
+                    conn.execute(f"PRAGMA user_version = {version}")
+        finally:
+            self.conn.execute("PRAGMA foreign_keys = ON")
 
     def get_meta(self, key: str) -> str | None:
         rows = self.read("SELECT value FROM meta WHERE key = ?", (key,))

@@ -5,13 +5,15 @@ Export format (one JSON object per line):
 * ``{"type": "header", "format": "tinycontext-export", "format_version": 1, "embedder": {...}, ...}``
 * ``{"type": "session", "id": ..., "created_at": ...}`` for every exported session
 * ``{"type": "memory", "id", "session_id", "content", "tags", "metadata", "created_at", "updated_at",
-  "version", "history": [...], "vector": base64 float32 | absent}``, plus ``occurred_at``, ``speaker``,
+  "version", "uid", "history": [...], "vector": base64 float32 | absent}``, plus ``occurred_at``, ``speaker``,
   ``attachments``, ``episode`` (conversation turns; null/empty otherwise)
 
-Import keeps ids, sessions, timestamps and history. A memory's vector is reused when the file's
-embedder identity equals the target's; otherwise the content is embedded again. Import is
-idempotent: a memory whose id already holds the same text in the same session is skipped; an id
-taken by different text gets a fresh id (reported in ``renumbered``).
+Import goes through the engine's write path (:meth:`MemoryEngine.import_memories`): the same
+validation and duplicate checks as saving. It keeps sessions, timestamps, history, and ids that the
+target never used (others get a new id, reported in ``renumbered``). A memory's vector is reused when
+the file's embedder identity equals the target's; otherwise the content is embedded again. Import
+is idempotent: every memory carries a stable ``uid``, and one already present is skipped, whatever
+renumbering happened (files from before uids get one derived from their record).
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ from typing import IO, Iterable, Iterator
 
 import numpy as np
 
-from . import conversation
-from .engine import DEFAULT_SESSION, MemoryEngine, MemoryInput, _check_session, _content_hash
+from .engine import MemoryEngine
 from .errors import InvalidInputError, SessionNotFoundError, StorageError
 from .model_hub import REGISTRY
 from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory
@@ -49,7 +50,7 @@ def _store(source: MemoryEngine | Store) -> Store:
 def iter_export(source: MemoryEngine | Store, *, session_id: str | None = None, vectors: bool = True) -> Iterator[dict]:
     """The export records, header first. Reads in pages so huge databases stream."""
     store = _store(source)
-    session = _check_session(session_id)
+    session = session_id
     if session is not None and not store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
         raise SessionNotFoundError(f"No session {session!r} to export. List sessions with `tinycontext sessions`.")
     where, params = (" AND session_id = ?", [session]) if session else ("", [])
@@ -73,12 +74,13 @@ def iter_export(source: MemoryEngine | Store, *, session_id: str | None = None, 
                             "WHERE memory_id IN (SELECT value FROM json_each(?)) ORDER BY memory_id, version", (ids,)):
             history.setdefault(r[0], []).append({"version": r[1], "content": r[2], "tags": json.loads(r[3]),
                                                  "metadata": json.loads(r[4]), "created_at": r[5], "superseded_at": r[6]})
+        uids = dict(store.read("SELECT id, uid FROM memories WHERE id IN (SELECT value FROM json_each(?))", (ids,)))
         blobs = dict(store.read("SELECT memory_id, embedding FROM memory_vectors WHERE memory_id IN (SELECT value FROM json_each(?))",
                                 (ids,))) if vectors and identity else {}
         for r in rows:
             memory = row_to_memory(r)
             memory.pop("tokens")  # depends on the target's encoding; recounted on import
-            record = {"type": "memory", **memory, "history": history.get(memory["id"], [])}
+            record = {"type": "memory", **memory, "uid": uids[memory["id"]], "history": history.get(memory["id"], [])}
             if memory["id"] in blobs:
                 record["vector"] = base64.b64encode(blobs[memory["id"]]).decode("ascii")
             yield record
@@ -101,7 +103,7 @@ def export_jsonl(source: MemoryEngine | Store, out: IO[str], *, session_id: str 
 class ImportReport:
     source: str
     imported: int = 0
-    skipped: int = 0  # already present (same id/text, or same text in the session for legacy files)
+    skipped: int = 0  # already present: same uid (imported before), or the same text in the session
     embedded: int = 0  # memories whose vector had to be computed
     history: int = 0  # old versions carried over
     sessions: int = 0
@@ -112,26 +114,13 @@ class ImportReport:
 
 
 @dataclass
-class _Row:
-    """A memory ready to insert. ``old_id``: the id to keep (exports), None to assign one (legacy)."""
+class _Pending:
+    """One memory to import: where it came from (for error messages), its session, and the
+    :class:`~tinycontext.engine.StoredMemory` fields."""
 
-    old_id: int | None
-    session_id: str
-    content: str
-    tags: list[str]
-    metadata: dict
-    created_at: str
-    updated_at: str | None
-    version: int
-    history: list[dict]
-    vector: np.ndarray | None
-    turn: MemoryInput | None = None  # conversation fields (speaker, occurred_at, attachments, episode)
-
-    @property
-    def indexed(self) -> str:
-        """The text the vector and duplicate check use (see tinycontext/conversation.py)."""
-        t = self.turn
-        return self.content if t is None else conversation.embedding_text(self.content, t.speaker, t.occurred_at, t.attachments)
+    where: str
+    session_id: str | None
+    memory: dict
 
 
 def _bad(where: str, message: str) -> InvalidInputError:
@@ -151,17 +140,13 @@ def _decode_vector(raw, dims: int, where: str) -> np.ndarray | None:
     return vector if np.isfinite(vector).all() else None
 
 
-def _checked(engine: MemoryEngine, where: str, content, tags, metadata, turn: dict | None = None):
-    """Validate like save() does, so imported data obeys the same limits as saved data."""
-    try:
-        item = engine._validate([{"content": content, "tags": tags or [], "metadata": metadata or {}, **(turn or {})}])[0]
-    except InvalidInputError as exc:
-        raise _bad(where, exc.message) from exc
-    return item
+def _stable_uid(*parts) -> str:
+    """The identity of a memory exported before uids existed: the same file gives the same uid."""
+    return "export:" + hashlib.sha256("\x00".join(map(str, parts)).encode("utf-8")).hexdigest()[:32]
 
 
-def _jsonl_rows(engine: MemoryEngine, lines: Iterable[str], source: str) -> Iterator[_Row | tuple]:
-    """Parse an export; yields ("session", id, created_at) tuples and _Row objects."""
+def _jsonl_rows(engine: MemoryEngine, lines: Iterable[str], source: str) -> Iterator[_Pending | tuple]:
+    """Parse an export; yields ("session", id, created_at) tuples and memories to import."""
     identity = engine.embedder.identity
     reuse_vectors = False
     for number, line in enumerate(lines, 1):
@@ -180,131 +165,68 @@ def _jsonl_rows(engine: MemoryEngine, lines: Iterable[str], source: str) -> Iter
                 raise _bad(where, f"unsupported format {record.get('format')!r} v{record.get('format_version')}.")
             reuse_vectors = record.get("embedder") == identity
         elif kind == "session":
-            sid = _check_session(record.get("id"))
-            if sid is None or not isinstance(record.get("created_at"), str):
+            if not isinstance(record.get("id"), str) or not isinstance(record.get("created_at"), str):
                 raise _bad(where, "a session record needs string id and created_at.")
-            yield ("session", sid, record["created_at"])
+            yield ("session", record["id"], record["created_at"], where)
         elif kind == "memory":
-            try:
-                session = _check_session(record.get("session_id")) or DEFAULT_SESSION
-                old_id = record["id"]
-                created = record["created_at"]
-                if isinstance(old_id, bool) or not isinstance(old_id, int) or old_id < 1 or not isinstance(created, str):
-                    raise KeyError("id/created_at")
-                history = record.get("history") or []
-                version = int(record.get("version") or len(history) + 1)
-            except (KeyError, TypeError, ValueError, InvalidInputError) as exc:
-                raise _bad(where, f"a memory record needs id (positive integer), session_id and created_at ({exc}).") from exc
-            turn = {k: record[k] for k in ("occurred_at", "speaker", "attachments", "episode") if record.get(k) not in (None, [])}
-            item = _checked(engine, where, record.get("content"), record.get("tags"), record.get("metadata"), turn)
-            for old in history:
-                if not isinstance(old, dict) or not {"version", "content", "created_at", "superseded_at"} <= old.keys():
-                    raise _bad(where, "each history entry needs version, content, created_at and superseded_at.")
+            old_id, created = record.get("id"), record.get("created_at")
+            if isinstance(old_id, bool) or not isinstance(old_id, int) or old_id < 1 or not isinstance(created, str):
+                raise _bad(where, "a memory record needs id (positive integer), session_id and created_at.")
+            history = record.get("history") or []
+            if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+                raise _bad(where, "history must be a list of earlier versions.")
+            memory = {k: record[k] for k in ("content", "tags", "metadata", "occurred_at", "speaker", "attachments", "episode", "expires_at",
+                                             "updated_at", "version") if record.get(k) is not None}
             vector = _decode_vector(record.get("vector"), identity["dimensions"], where) if reuse_vectors else None
-            yield _Row(old_id, session, item.content, item.tags, item.metadata, created, record.get("updated_at"),
-                       version, history, vector, item if turn else None)
+            memory.update(id=old_id, created_at=created, history=history, vector=None if vector is None else vector.tolist(),
+                          uid=record.get("uid") or _stable_uid(record.get("session_id"), old_id, created, record.get("content")))
+            yield _Pending(where, record.get("session_id"), memory)
         else:
             raise _bad(where, f"unknown record type {kind!r}.")
 
 
-def _existing(query, row: _Row, digest: str, keep_ids: bool) -> str:
-    """'skip' if the memory is already there, 'renumber' if its id holds other text, else 'insert'."""
-    if keep_ids:
-        taken = query("SELECT session_id, content_hash FROM memories WHERE id = ?", (row.old_id,))
-        return "insert" if taken is None else "skip" if tuple(taken) == (row.session_id, digest) else "renumber"
-    found = query("SELECT 1 FROM memories WHERE session_id = ? AND content_hash = ?", (row.session_id, digest))
-    return "insert" if found is None else "skip"
+def _import_chunk(engine: MemoryEngine, chunk: list[_Pending], report: ImportReport) -> None:
+    """Each session's memories go through the engine's write path, one transaction per session."""
+    by_session: dict[str | None, list[_Pending]] = {}
+    for pending in chunk:
+        by_session.setdefault(pending.session_id, []).append(pending)
+    for session, group in by_session.items():
+        try:
+            result = engine.import_memories([p.memory for p in group], session_id=session)
+        except InvalidInputError as exc:
+            index = exc.details.get("index")
+            raise _bad(group[index].where if index is not None else group[0].where, exc.message) from exc
+        report.imported += len(result["ids"])
+        report.skipped += len(result["skipped"])
+        report.embedded += result["embedded"]
+        report.renumbered.update(result["renumbered"])
+        kept = {s["index"] for s in result["saved"]}
+        report.history += sum(len(p.memory.get("history") or []) for i, p in enumerate(group) if i in kept)
 
 
-def _insert(engine: MemoryEngine, rows: list[_Row], report: ImportReport, *, keep_ids: bool) -> None:
-    """Embed what is new and lacks a vector, then insert the chunk in one transaction (FTS via trigger)."""
-    digests = [_content_hash(r.indexed) for r in rows]
-
-    def read_one(sql, params):
-        return next(iter(engine.store.read(sql, params)), None)
-
-    todo, seen = [], set()
-    for row, digest in zip(rows, digests):
-        key = row.old_id if keep_ids else (row.session_id, digest)  # repeats within the chunk count as present
-        if key not in seen and _existing(read_one, row, digest, keep_ids) != "skip":
-            todo.append((row, digest))
-        seen.add(key)
-    report.skipped += len(rows) - len(todo)
-    missing = [r for r, _ in todo if r.vector is None]
-    if missing:
-        for row, vector in zip(missing, engine.embedder.embed_documents([r.indexed for r in missing])):
-            row.vector = vector
-        report.embedded += len(missing)
-    tokens = engine.tokens.count_many([r.content if r.turn is None else conversation.display_text(r.content, r.turn.speaker, r.turn.attachments)
-                                       for r, _ in todo])
-    episodes: dict[tuple[str, str], int] = {}
-    with engine.store.write() as conn:
-
-        def read_tx(sql, params):
-            return conn.execute(sql, params).fetchone()
-
-        for (row, digest), count in zip(todo, tokens):
-            # Checked again inside the transaction: another writer may have added it meanwhile.
-            state = _existing(read_tx, row, digest, keep_ids)
-            if state == "skip":
-                report.skipped += 1
-                continue
-            new_id = row.old_id if state == "insert" else None
-            conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (row.session_id, row.created_at))
-            t = row.turn or MemoryInput(content=row.content)
-            episode = None
-            if t.episode is not None:
-                key = (row.session_id, t.episode)
-                if key not in episodes:
-                    conn.execute("INSERT OR IGNORE INTO episodes(session_id, key, created_at) VALUES (?, ?, ?)", (*key, row.created_at))
-                    episodes[key] = conn.execute("SELECT id FROM episodes WHERE session_id = ? AND key = ?", key).fetchone()[0]
-                episode = episodes[key]
-            cursor = conn.execute(
-                "INSERT INTO memories(id, session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
-                " occurred_at, speaker, attachments, context, episode_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (new_id, row.session_id, row.content, json.dumps(row.tags, ensure_ascii=False),
-                 json.dumps(row.metadata, ensure_ascii=False), digest, count, row.created_at, row.updated_at, row.version,
-                 t.occurred_at, t.speaker, json.dumps(t.attachments, ensure_ascii=False),
-                 conversation.search_context(t.speaker, t.occurred_at, t.attachments), episode),
-            )
-            mid = cursor.lastrowid
-            if row.old_id is not None and mid != row.old_id:
-                report.renumbered[row.old_id] = mid
-            conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(mid, t) for t in row.tags])
-            conn.execute("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)",
-                         (mid, row.session_id, np.asarray(row.vector, np.float32).tobytes()))
-            conn.executemany(
-                "INSERT OR REPLACE INTO memory_versions(memory_id, version, content, tags, metadata, created_at, superseded_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(mid, int(h["version"]), h["content"], json.dumps(h.get("tags") or [], ensure_ascii=False),
-                  json.dumps(h.get("metadata") or {}, ensure_ascii=False), h["created_at"], h["superseded_at"]) for h in row.history],
-            )
-            report.history += len(row.history)
-            report.imported += 1
-        conversation.index_episodes(conn, episodes.values())
-
-
-def _run(engine: MemoryEngine, items: Iterable, report: ImportReport, *, keep_ids: bool) -> ImportReport:
-    chunk: list[_Row] = []
+def _run(engine: MemoryEngine, items: Iterable, report: ImportReport) -> ImportReport:
+    chunk: list[_Pending] = []
     for item in items:
         if isinstance(item, tuple):  # a session record: make sure it exists with its original date
-            with engine.store.write() as conn:
-                report.sessions += conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", item[1:]).rowcount
+            try:
+                report.sessions += engine.ensure_session(item[1], created_at=item[2])
+            except InvalidInputError as exc:
+                raise _bad(item[3], exc.message) from exc
             continue
         chunk.append(item)
         if len(chunk) >= CHUNK:
-            _insert(engine, chunk, report, keep_ids=keep_ids)
+            _import_chunk(engine, chunk, report)
             chunk = []
     if chunk:
-        _insert(engine, chunk, report, keep_ids=keep_ids)
+        _import_chunk(engine, chunk, report)
     return report
 
 
 def import_jsonl(engine: MemoryEngine, stream: IO[str] | Iterable[str], *, source: str = "<stream>") -> ImportReport:
-    """Import an export stream. Each chunk of memories commits on its own; re-running after an
-    interruption skips what is already there."""
+    """Import an export stream. Each chunk of memories commits on its own; every memory keeps its
+    uid, so importing the same file again, or re-running after an interruption, adds nothing."""
     report = ImportReport(source=source)
-    return _run(engine, _jsonl_rows(engine, stream, source), report, keep_ids=True)
+    return _run(engine, _jsonl_rows(engine, stream, source), report)
 
 
 def import_file(engine: MemoryEngine, path: str | os.PathLike) -> ImportReport:
@@ -342,7 +264,7 @@ def _legacy_vector_ok(key: str | None, dims: int | None, identity: dict) -> bool
     return entry is not None and parts[1] == entry.repo_id and parts[3] == prefix
 
 
-def _legacy_rows(engine: MemoryEngine, path: Path) -> Iterator[_Row]:
+def _legacy_rows(engine: MemoryEngine, path: Path) -> Iterator[_Pending]:
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         columns = {r[1] for r in conn.execute("PRAGMA table_info(memories)")}
@@ -379,7 +301,6 @@ def _legacy_rows(engine: MemoryEngine, path: Path) -> Iterator[_Row]:
         metadata = {"legacy_id": str(r["id"])}
         if r.get("kind"):
             metadata["kind"] = r["kind"]
-        item = _checked(engine, where, r["content"], [], metadata)
         old = sorted(history.get(str(r["id"]), []), key=lambda h: h["created_at"])
         versions = [{"version": i + 1, "content": h["content"], "tags": [], "metadata": {"legacy_id": str(h["id"])},
                      "created_at": h["created_at"], "superseded_at": h.get("superseded_at") or r["created_at"]}
@@ -390,8 +311,9 @@ def _legacy_rows(engine: MemoryEngine, path: Path) -> Iterator[_Row]:
             norm = float(np.linalg.norm(vector)) if vector is not None else 0.0
             # Some legacy models stored unnormalised vectors; duplicate detection assumes unit length.
             vector = vector / norm if norm else None
-        yield _Row(None, _check_session(r["session_id"] or None) or DEFAULT_SESSION, item.content, item.tags,
-                   item.metadata, str(r["created_at"]), None, len(versions) + 1, versions, vector)
+        yield _Pending(where, r["session_id"] or None, {
+            "content": r["content"], "metadata": metadata, "created_at": str(r["created_at"]), "version": len(versions) + 1,
+            "history": versions, "vector": None if vector is None else vector.tolist(), "uid": f"legacy:{r['id']}"})
 
 
 def import_legacy(engine: MemoryEngine, path: str | os.PathLike) -> ImportReport:
@@ -400,7 +322,7 @@ def import_legacy(engine: MemoryEngine, path: str | os.PathLike) -> ImportReport
     are kept. A memory already present in its session (same text) is skipped, so re-running is safe."""
     path = Path(path)
     report = ImportReport(source=str(path))
-    return _run(engine, _legacy_rows(engine, path), report, keep_ids=False)
+    return _run(engine, _legacy_rows(engine, path), report)
 
 
 # -- backup ----------------------------------------------------------------------------------------
