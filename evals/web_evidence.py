@@ -40,6 +40,7 @@ from tinycontext import TinyContextConfig
 from tinycontext.budget import TokenCounter
 from tinycontext.store import sqlite_driver
 from tinycontext.retrieval import fts_query
+from tinycontext.web.chunk import SENTENCE_END
 from tinycontext.web.extract import extract_page
 from tinycontext.web.fetch import HttpFetcher
 from tinycontext.web.present import scrape_page
@@ -51,7 +52,6 @@ from .report import _markdown as markdown_table
 
 log = logging.getLogger("evals.web_evidence")
 _NORM = re.compile(r"[\W_]+", re.UNICODE)
-_SENTENCES = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9(])")
 FETCH_BASELINE_CHARS = 5000
 
 
@@ -170,7 +170,7 @@ def scifact_site(path: Path, abstracts_per_page: int, limit: int | None, seed: i
                    '<li><a href="/m/2">Reproducibility in the life sciences</a></li></ul><h3>Journals</h3><ul>'
                    '<li><a href="/j/cell">Cell biology</a></li><li><a href="/j/med">Clinical medicine</a></li></ul>')
         pages[f"/scifact/{qid}.html"] = chrome(title, f"<h1>{e(title)}</h1>{''.join(articles)}", sidebar, "OpenJournals")
-        evidence = [s for did in relevant for s in _SENTENCES.split(corpus[did]["text"].strip()) if len(s) > 20]
+        evidence = [s for did in relevant for s in SENTENCE_END.split(corpus[did]["text"].strip()) if len(s) > 20]
         questions.append(Question(qid, claims[qid], f"/scifact/{qid}.html", evidence))
     db.close()
     return Site("scifact", pages, questions)

@@ -15,7 +15,9 @@ from ..budget import TokenCounter
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _FENCE = re.compile(r"^\s*(```|~~~)")
-_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
+# A sentence ends at . ! ? before white space, or before a capitalised word when the space was lost
+# ("the genome.We find": common in text pasted from PDFs and abstracts).
+SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[a-z0-9)][.!?])(?=[A-Z][a-z])")
 _WORD_GAP = re.compile(r"\s+")
 
 
@@ -79,7 +81,7 @@ def _pieces(markdown: str, start: int, end: int, max_tokens: int, counter: Token
     if counter.count(markdown[start:end]) <= max_tokens:
         return [(start, end)]
     text = markdown[start:end]
-    for splitter in (re.compile(r"\n+"), _SENTENCE_END, _WORD_GAP):
+    for splitter in (re.compile(r"\n+"), SENTENCE_END, _WORD_GAP):
         cuts = [m.end() for m in splitter.finditer(text)]
         if not cuts:
             continue
