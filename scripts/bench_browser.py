@@ -27,6 +27,9 @@ from tinycontext import TinyContextConfig
 from tinycontext.budget import TokenCounter
 from tinycontext.web.browser import BrowserService
 
+SMALL_PAGE = """<!doctype html><html lang=en><head><title>Product</title></head><body><h1>Widget 3000</h1>
+<button onclick="document.getElementById('d').hidden = false">Show details</button>
+<div id=d hidden><p>Battery life: 42 hours</p></div></body></html>"""
 NODE_DOCS = [Path("/usr/share/doc/nodejs/api/process.html"), Path("/usr/share/doc/nodejs/api/url.html")]
 
 
@@ -52,7 +55,7 @@ def main() -> None:
     parser.add_argument("pages", nargs="*", type=Path)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--find", default=r"\bexit\b", help="regex for the find view")
-    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--depth", type=int, default=2)
     args = parser.parse_args()
     pages = args.pages or [p for p in NODE_DOCS if p.is_file()]
     if not pages:
@@ -64,8 +67,24 @@ def main() -> None:
         service = BrowserService(TinyContextConfig(allow_private_hosts=True, memory_db_path=Path(tmp) / "m.db"))
         report: dict = {"load_average": os.getloadavg(), "runs": args.runs, "find": args.find, "depth": args.depth, "pages": []}
         try:
-            first_ms, _ = timed(lambda: service.call("navigate", "bench", url=f"http://127.0.0.1:{port}/"))
+            small_dir = Path(tmp) / "small"
+            small_dir.mkdir()
+            (small_dir / "index.html").write_text(SMALL_PAGE, encoding="utf-8")
+            small_server, small_port = serve(small_dir)
+            small_url = f"http://127.0.0.1:{small_port}/index.html"
+            first_ms, _ = timed(lambda: service.call("navigate", "bench", url=small_url))
             report["first_navigate_ms_with_browser_start"] = round(first_ms)
+            nav, click = [], []
+            for _ in tqdm(range(args.runs), desc="small page", file=sys.stderr):
+                ms, view = timed(lambda: service.call("navigate", "bench", url=small_url))
+                nav.append(ms)
+                ref = view["refs"][0]
+                ms, after = timed(lambda: service.call("act", "bench", action="click", ref=ref))
+                assert "Battery life" in after["view"]
+                click.append(ms)
+            report["small_page"] = {"navigate_ms_median": round(statistics.median(nav)),
+                                    "click_ms_median": round(statistics.median(click)), "view_tokens": view["tokens"]}
+            small_server.shutdown()
             for page in pages:
                 url = f"http://127.0.0.1:{port}/{page.resolve().relative_to(root)}"
                 nav, look, click = [], [], []

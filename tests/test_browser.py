@@ -230,6 +230,7 @@ def test_private_addresses_are_blocked(site, loopback_only, tmp_path):
         blocked = [line for line in view["view"].splitlines() if line.startswith("(blocked")]
         assert any("127.0.0.4" in line for line in blocked), view["view"]  # the redirect hop
         assert any("127.0.0.2" in line for line in blocked) and all("loopback" in line for line in blocked)
+        assert any("127.0.0.3" in line for line in blocked)  # the WebSocket, tunnelled with CONNECT
         for url in (f"http://127.0.0.2:{site.port}/secret", f"http://2130706434:{site.port}/", "file:///etc/passwd",
                     f"http://[::1]:{site.port}/"):
             with pytest.raises(BlockedURLError):
@@ -383,3 +384,18 @@ def test_external_browser_over_cdp(site, tmp_path):
     finally:
         chromium.terminate()
         chromium.wait(10)
+
+
+def test_without_playwright_the_tools_say_which_extra(monkeypatch, tmp_path):
+    import sys
+
+    from tinycontext.errors import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "playwright.async_api", None)  # as if the extra were not installed
+    service = BrowserService(TinyContextConfig(allow_private_hosts=True, memory_db_path=tmp_path / "m.db"))
+    try:
+        with pytest.raises(MissingExtraError, match=r"tinycontext\[browser\]"):
+            service.call("navigate", "x", url="http://127.0.0.1:9/")
+        assert not service.sessions
+    finally:
+        service.close()

@@ -64,6 +64,8 @@ class GuardProxy:
             await self._handle(reader, writer)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError):
             pass  # a broken or malformed connection only ends itself
+        except asyncio.CancelledError:
+            pass  # close() ends open connections; asyncio's stream callback must not see a cancelled task
         finally:
             self._tasks.discard(task)
             writer.close()

@@ -375,6 +375,30 @@ class BrowserService:
                 await _settle(tab)
             return await self._view(session, find=find, depth=depth, max_tokens=max_tokens)
 
+    async def render_html(self, key: str, *, url: str) -> dict:
+        """Load ``url`` in a throw-away session (it counts toward browser_max_sessions) and return
+        the document as scripts left it: ``{url, final_url, status, html, timed_out, blocked}``."""
+        decision = await self.guard.adecide(url)
+        if not decision.allowed:
+            raise decision.error()
+        session = await self._session(key, create=True)
+        try:
+            async with session.lock:
+                tab = await self._adopt(session, await session.context.new_page())
+                timed_out = False
+                try:
+                    response = await tab.page.goto(url, wait_until="load")
+                except Exception as exc:  # noqa: BLE001 - Playwright errors carry net:: codes and timeouts
+                    if "Timeout" not in type(exc).__name__:
+                        raise BrowserError(f"Cannot open {url}: {_first_line(exc)}" + _block_hint(session)) from exc
+                    response, timed_out = None, True
+                await _settle(tab)
+                return {"url": url, "final_url": tab.page.url, "status": response.status if response else None,
+                        "html": await tab.page.content(), "timed_out": timed_out,
+                        "blocked": [e for e in session.events if e.startswith("blocked")]}
+        finally:
+            await self._close_session(session)
+
     async def close_session(self, key: str) -> dict:
         session = self.sessions.get(key)
         if session is not None:
