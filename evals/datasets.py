@@ -1,6 +1,11 @@
 """Dataset loaders. Every loader returns an :class:`EvalDataset`: documents (each becomes one
 memory), queries, graded qrels and, for conversational data, the session each query searches.
 
+Every dataset declares a tuning split (configs are chosen on it) and a test split (the chosen
+config is reported on it): SciFact tunes on train and reports on test. LoCoMo ships only the dev
+conversations: it tunes on them and estimates the test score by cross-validation over
+conversations (``cross_validate="session"``).
+
 Loaders are named by ``_target_`` in ``conf/dataset/*.yaml`` and built with ``hydra.utils.instantiate``.
 """
 
@@ -15,9 +20,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from tinycontext.errors import ConfigError, MissingExtraError
+from tinycontext import ConfigError, MissingExtraError
 
-NaiveDump = Literal["top100", "session"]
+from .fingerprint import sha256_files
+
+NaiveDump = Literal["top10", "session"]
 BEIR_SESSION = "corpus"
 _DIA_ID = re.compile(r"D\d+:\d+")
 
@@ -37,24 +44,28 @@ class EvalDataset:
     qrels: dict[str, dict[str, int]]
     # The session each query recalls from; None means all sessions (one shared corpus).
     query_sessions: dict[str, str] | None = None
-    # What an agent without TinyContext would paste: the top-100 documents or the whole session.
-    naive_dump: NaiveDump = "top100"
+    # The fixed baseline an agent without TinyContext would paste, the same for every config: the
+    # top 10 documents of a BM25 search, in full (BEIR), or the whole conversation (LoCoMo).
+    naive_dump: NaiveDump = "top10"
     fingerprint: str = ""
     info: dict = field(default_factory=dict)
+    # Split name -> query ids; configs are chosen on tune_split and reported on test_split.
+    splits: dict[str, list[str]] = field(default_factory=dict)
+    tune_split: str = "test"
+    test_split: str = "test"
+    # "session": the test score of a choice is estimated by leave-one-session-out cross-validation.
+    cross_validate: str | None = None
+    # Per-query facts kept in per_query.csv (e.g. LoCoMo's question category).
+    query_info: dict[str, dict] = field(default_factory=dict)
 
     @property
     def judged(self) -> list[str]:
         """Queries with at least one relevant document, in a stable order."""
         return [q for q in self.queries if any(r > 0 for r in self.qrels.get(q, {}).values())]
 
-
-def _sha256_files(*paths: Path) -> str:
-    digest = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
+    def split_ids(self, split: str) -> list[str]:
+        judged = set(self.judged)
+        return [q for q in self.splits.get(split, self.judged) if q in judged]
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -67,44 +78,57 @@ def _doc_text(title: str | None, text: str | None) -> str:
     return "\n".join(part.strip() for part in (title, text) if part and part.strip())
 
 
-def _beir_from_records(name: str, corpus: list[dict], queries: list[dict], qrels_rows, fingerprint: str, split: str) -> EvalDataset:
+def _beir_from_records(name: str, corpus: list[dict], queries: list[dict], qrels_by_split: dict[str, list],
+                       fingerprint: str, tune_split: str, test_split: str) -> EvalDataset:
     qrels: dict[str, dict[str, int]] = {}
-    for qid, did, score in qrels_rows:
-        qrels.setdefault(str(qid), {})[str(did)] = int(score)
+    splits: dict[str, list[str]] = {}
+    for split, rows in qrels_by_split.items():
+        for qid, did, score in rows:
+            qrels.setdefault(str(qid), {})[str(did)] = int(score)
+        splits[split] = list(dict.fromkeys(str(r[0]) for r in rows))
     docs = [Doc(str(d["_id"]), _doc_text(d.get("title"), d.get("text")), BEIR_SESSION) for d in corpus]
     docs = [d for d in docs if d.text]
     return EvalDataset(
         name=name, docs=docs, queries={str(q["_id"]): q["text"] for q in queries}, qrels=qrels,
-        fingerprint=fingerprint, info={"format": "beir", "split": split},
+        fingerprint=fingerprint, info={"format": "beir", "tune_split": tune_split, "test_split": test_split},
+        splits=splits, tune_split=tune_split, test_split=test_split,
     )
 
 
-def load_beir(path: str | Path, split: str = "test", name: str | None = None) -> EvalDataset:
-    """A BEIR folder: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv`` (header line)."""
+def _read_qrels(file: Path) -> list[list[str]]:
+    with open(file, encoding="utf-8", newline="") as fh:
+        rows = [r for r in csv.reader(fh, delimiter="\t") if r]
+    if rows and not rows[0][-1].lstrip("-").isdigit():
+        rows = rows[1:]  # header line "query-id corpus-id score"
+    return [r[:3] for r in rows]
+
+
+def load_beir(path: str | Path, tune_split: str = "train", test_split: str = "test", name: str | None = None) -> EvalDataset:
+    """A BEIR folder: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv`` (header line) for
+    the tuning and the test split."""
     folder = Path(path).expanduser()
-    files = [folder / "corpus.jsonl", folder / "queries.jsonl", folder / "qrels" / f"{split}.tsv"]
+    qrels_files = {s: folder / "qrels" / f"{s}.tsv" for s in dict.fromkeys([tune_split, test_split])}
+    files = [folder / "corpus.jsonl", folder / "queries.jsonl", *qrels_files.values()]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise ConfigError(
             f"{folder} is not a BEIR dataset folder: missing {', '.join(missing)}. Pass dataset.path=<folder with "
-            "corpus.jsonl, queries.jsonl, qrels/<split>.tsv> and dataset.split=<split>.", path=str(folder))
-    with open(files[2], encoding="utf-8", newline="") as fh:
-        rows = [r for r in csv.reader(fh, delimiter="\t") if r]
-    if rows and not rows[0][-1].lstrip("-").isdigit():
-        rows = rows[1:]  # header line "query-id corpus-id score"
+            "corpus.jsonl, queries.jsonl, qrels/<split>.tsv>, dataset.tune_split=<split to choose on> and "
+            "dataset.test_split=<split to report on>.", path=str(folder))
     return _beir_from_records(
-        name or folder.name, _read_jsonl(files[0]), _read_jsonl(files[1]), [r[:3] for r in rows],
-        _sha256_files(*files), split,
+        name or folder.name, _read_jsonl(files[0]), _read_jsonl(files[1]),
+        {s: _read_qrels(f) for s, f in qrels_files.items()}, sha256_files(*files), tune_split, test_split,
     )
 
 
-def load_tiny(split: str = "test", name: str = "tiny") -> EvalDataset:
+def load_tiny(tune_split: str = "train", test_split: str = "test", name: str = "tiny") -> EvalDataset:
     """The small BEIR-format dataset shipped with the harness (quick start, tests)."""
-    return load_beir(Path(str(resources.files("evals") / "data" / "tiny")), split=split, name=name)
+    return load_beir(Path(str(resources.files("evals") / "data" / "tiny")), tune_split=tune_split,
+                     test_split=test_split, name=name)
 
 
-def load_hf_beir(repo: str, qrels_repo: str, split: str = "test", name: str | None = None,
-                 cache_dir: str | None = None) -> EvalDataset:
+def load_hf_beir(repo: str, qrels_repo: str, tune_split: str = "train", test_split: str = "test",
+                 name: str | None = None, cache_dir: str | None = None) -> EvalDataset:
     """A BEIR dataset from the Hugging Face hub (e.g. BeIR/scifact + BeIR/scifact-qrels), cached by ``datasets``."""
     try:
         import datasets
@@ -115,15 +139,15 @@ def load_hf_beir(repo: str, qrels_repo: str, split: str = "test", name: str | No
     try:
         corpus = datasets.load_dataset(repo, "corpus", split="corpus", cache_dir=cache_dir)
         queries = datasets.load_dataset(repo, "queries", split="queries", cache_dir=cache_dir)
-        qrels = datasets.load_dataset(qrels_repo, split=split, cache_dir=cache_dir)
+        qrels = {s: datasets.load_dataset(qrels_repo, split=s, cache_dir=cache_dir) for s in dict.fromkeys([tune_split, test_split])}
     except Exception as exc:  # offline, unknown repo, hub error: the remedy is the same
         raise ConfigError(
             f"Cannot load {repo} / {qrels_repo} from the Hugging Face hub ({type(exc).__name__}: {exc}). Offline? "
             "Pass a local BEIR folder instead: dataset=beir dataset.path=<folder with corpus.jsonl, queries.jsonl, "
             "qrels/<split>.tsv> (SciFact ships at ../shared/datasets/scifact: dataset=scifact).", repo=repo) from exc
-    fingerprint = hashlib.sha256("|".join(d._fingerprint for d in (corpus, queries, qrels)).encode()).hexdigest()
-    rows = [(r["query-id"], r["corpus-id"], r["score"]) for r in qrels]
-    return _beir_from_records(name or repo.split("/")[-1], list(corpus), list(queries), rows, fingerprint, split)
+    fingerprint = hashlib.sha256("|".join(d._fingerprint for d in (corpus, queries, *qrels.values())).encode()).hexdigest()
+    rows = {s: [(r["query-id"], r["corpus-id"], r["score"]) for r in q] for s, q in qrels.items()}
+    return _beir_from_records(name or repo.split("/")[-1], list(corpus), list(queries), rows, fingerprint, tune_split, test_split)
 
 
 def locomo_turn_text(turn: dict) -> str:
@@ -136,7 +160,10 @@ def locomo_turn_text(turn: dict) -> str:
 def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: str = "locomo") -> EvalDataset:
     """LoCoMo: each dialogue turn is a memory, one session per conversation, evidence turns are the qrels.
 
-    Category 5 (adversarial, no answer) has no evidence and is left out by default.
+    Categories 1-4 are answerable from evidence turns; category 5 is adversarial (questions about
+    things that never happened: no answer exists) and is left out by default. The shipped
+    conversations are the dev split: configs are tuned on them, and the test score of a choice is
+    estimated by leave-one-conversation-out cross-validation.
     """
     file = Path(path).expanduser()
     try:
@@ -148,6 +175,7 @@ def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: st
     queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
     sessions: dict[str, str] = {}
+    query_info: dict[str, dict] = {}
     for sample in samples:
         conv_id = sample["sample_id"]
         conversation = sample["conversation"]
@@ -166,7 +194,10 @@ def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: st
             queries[qid] = str(qa["question"])
             qrels[qid] = {f"{conv_id}:{e}": 1 for e in evidence}
             sessions[qid] = conv_id
+            query_info[qid] = {"category": int(qa["category"])}
     return EvalDataset(
         name=name, docs=docs, queries=queries, qrels=qrels, query_sessions=sessions, naive_dump="session",
-        fingerprint=_sha256_files(file), info={"format": "locomo", "categories": sorted(wanted)},
+        fingerprint=sha256_files(file), info={"format": "locomo", "categories": sorted(wanted)},
+        splits={"dev": list(queries)}, tune_split="dev", test_split="dev", cross_validate="session",
+        query_info=query_info,
     )

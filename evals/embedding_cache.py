@@ -1,42 +1,57 @@
 """An on-disk embedding cache, so a sweep pays for each (model, text) embedding once.
 
-A vector depends only on the model file, tokenizer, pooling, max tokens, normalisation and the
-prefixed text. ``CachedEmbedder`` wraps a real :class:`tinycontext.embeddings.Embedder` and is passed
-to ``MemoryEngine(config, embedder=...)``: the engine sees the same identity and vectors, only
-faster on a second pass. The cache is one SQLite file per model setting (WAL, safe for the joblib
-launcher's parallel workers).
+A vector depends on the model file, tokenizer, pooling, max tokens, normalisation, the prefixed
+text, the embedding code and the onnxruntime release; the cache key holds all of them, so no
+vector outlives what produced it. ``CachedEmbedder`` wraps a real :class:`tinycontext.Embedder` and
+is passed to ``MemoryEngine(config, embedder=...)``: the engine sees the same identity and vectors,
+only faster on a second pass. The cache is one SQLite file per model setting (WAL: safe for
+parallel workers on one host's local disk, never on a network filesystem).
 
-Query latency must include query embedding. When a query vector comes from the disk cache, the
-time it took to compute (stored with it) is added to ``replayed_ms``; the runner adds that to the
-measured recall time.
+Vectors from here serve quality passes only. Latency is never derived from the cache: the runner
+times live recalls with an uncached embedder (``evals.timing``).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sqlite3
 import threading
-import time
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
-from tinycontext.embeddings import Embedder
-from tinycontext.model_hub import file_sha256
+from tinycontext import Embedder
+
+from .fingerprint import module_source, sha256_files
 
 
-def model_key(embedder: Embedder) -> str:
-    """What a vector depends on besides the text (prefixes are part of the cached text)."""
-    bundle = embedder.bundle
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: Path, size: int, mtime_ns: int) -> str:
+    return sha256_files(path)
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a model file, hashed once per process while its size and mtime stay the same."""
+    st = Path(path).stat()
+    return _file_sha256(Path(path), st.st_size, st.st_mtime_ns)
+
+
+def model_key(bundle, pooling: str | None) -> str:
+    """What a vector depends on besides the text (prefixes are part of the cached text). Needs no
+    loaded model, so a finished job is recognised without loading one."""
     parts = {
-        "model_sha256": bundle.sha256 or file_sha256(bundle.model_file),
+        "model_sha256": file_sha256(bundle.model_file),
         "tokenizer_sha256": file_sha256(bundle.tokenizer_file),
-        "pooling": embedder.pooling,
+        "pooling": pooling or bundle.pooling,
         "max_tokens": bundle.max_tokens,
         "normalize": bundle.normalize,
-        "dimensions": embedder.dimensions,
+        "dimensions": bundle.dimensions,
+        "embedding_code": module_source(Embedder),
+        "onnxruntime": metadata.version("onnxruntime"),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -49,15 +64,14 @@ class CachedEmbedder:
         self.bundle = inner.bundle
         self.dimensions = inner.dimensions
         self.identity = inner.identity
-        self.key = model_key(inner)
+        self.key = model_key(inner.bundle, inner.pooling)
         path = Path(cache_dir) / "embeddings" / f"{self.key[:24]}.sqlite"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(path), timeout=60, check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute("CREATE TABLE IF NOT EXISTS vectors (key TEXT PRIMARY KEY, vector BLOB NOT NULL, ms REAL NOT NULL)")
+        self._conn.execute("CREATE TABLE IF NOT EXISTS vectors (key TEXT PRIMARY KEY, vector BLOB NOT NULL)")
         self._lock = threading.Lock()
-        self._memory: dict[str, tuple[np.ndarray, float]] = {}
-        self.replayed_ms = 0.0
+        self._memory: dict[str, np.ndarray] = {}
         self.computed = 0
         self.hits = 0
 
@@ -74,40 +88,29 @@ class CachedEmbedder:
         missing = list(dict.fromkeys(k for k in keys if k not in found))
         if missing:
             first = {k: i for i, k in reversed(list(enumerate(keys)))}
-            todo = [texts[first[k]] for k in missing]
-            started = time.perf_counter()
-            vectors = self.inner.embed(todo, kind, progress=progress)
-            per_text_ms = (time.perf_counter() - started) * 1000 / len(todo)
-            self._store(missing, vectors, per_text_ms)
-            found.update({k: (v, per_text_ms) for k, v in zip(missing, vectors)})
+            vectors = self.inner.embed([texts[first[k]] for k in missing], kind, progress=progress)
+            self._store(missing, vectors)
+            found.update(zip(missing, vectors))
             self.computed += len(missing)
-        replayed = [found[k][1] for k in set(keys) - set(missing)]
-        self.hits += len(replayed)
-        if kind == "query":
-            self.replayed_ms += sum(replayed)
-        return np.stack([found[k][0] for k in keys]) if keys else np.zeros((0, self.dimensions), np.float32)
+        self.hits += len(set(keys) - set(missing))
+        return np.stack([found[k] for k in keys]) if keys else np.zeros((0, self.dimensions), np.float32)
 
-    def _lookup(self, keys: set[str]) -> dict[str, tuple[np.ndarray, float]]:
+    def _lookup(self, keys: set[str]) -> dict[str, np.ndarray]:
         with self._lock:
             found = {k: self._memory[k] for k in keys if k in self._memory}
             rest = [k for k in keys if k not in found]
             if rest:
                 rows = self._conn.execute(
-                    "SELECT key, vector, ms FROM vectors WHERE key IN (SELECT value FROM json_each(?))", (json.dumps(rest),)
+                    "SELECT key, vector FROM vectors WHERE key IN (SELECT value FROM json_each(?))", (json.dumps(rest),)
                 ).fetchall()
-                for key, blob, ms in rows:
-                    found[key] = self._memory[key] = (np.frombuffer(blob, dtype=np.float32).copy(), ms)
+                for key, blob in rows:
+                    found[key] = self._memory[key] = np.frombuffer(blob, dtype=np.float32).copy()
         return found
 
-    def _store(self, keys: list[str], vectors: np.ndarray, ms: float) -> None:
-        rows = [(k, np.asarray(v, dtype=np.float32).tobytes(), ms) for k, v in zip(keys, vectors)]
+    def _store(self, keys: list[str], vectors: np.ndarray) -> None:
+        rows = [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in zip(keys, vectors)]
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
-            self._conn.executemany("INSERT OR IGNORE INTO vectors(key, vector, ms) VALUES (?, ?, ?)", rows)
+            self._conn.executemany("INSERT OR IGNORE INTO vectors(key, vector) VALUES (?, ?)", rows)
             self._conn.execute("COMMIT")
-            self._memory.update({k: (np.asarray(v, dtype=np.float32), ms) for k, v in zip(keys, vectors)})
-
-    def take_replayed_ms(self) -> float:
-        """Compute time of query vectors served from the cache since the last call."""
-        value, self.replayed_ms = self.replayed_ms, 0.0
-        return value
+            self._memory.update({k: np.asarray(v, dtype=np.float32) for k, v in zip(keys, vectors)})

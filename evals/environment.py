@@ -1,17 +1,17 @@
-"""What a result was measured on: package versions, CPU, and peak memory during a run."""
+"""What a result was measured on: package versions, CPU, thread settings, load average."""
 
 from __future__ import annotations
 
 import os
 import platform
-import threading
 from importlib import metadata
-from typing import Self
 
 import psutil
+from threadpoolctl import threadpool_info
 
 PACKAGES = ("tinycontext", "onnxruntime", "tokenizers", "tiktoken", "sqlite-vec", "sqlean.py", "numpy",
-            "hydra-core", "ir-measures", "pandas", "matplotlib")
+            "hydra-core", "ir-measures", "pandas", "matplotlib", "scipy")
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TINYCONTEXT_EMBEDDING_BATCH_SIZE")
 
 
 def environment() -> dict:
@@ -31,6 +31,9 @@ def environment() -> dict:
         "cpu_mhz": round(freq.max or freq.current) if freq else None,
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        # onnxruntime runs with its default intra-op threads (one per physical core), as in production.
+        "threads": {"env": {k: os.environ.get(k) for k in THREAD_VARS},
+                    "blas": [{k: i.get(k) for k in ("internal_api", "num_threads")} for i in threadpool_info()]},
         "packages": versions,
     }
 
@@ -44,33 +47,3 @@ def _cpu_model() -> str | None:
     except OSError:
         return None
     return None
-
-
-class PeakRSS:
-    """Samples this process's resident memory in a background thread; ``peak_mb`` after exit."""
-
-    def __init__(self, interval_s: float = 0.05):
-        self.interval_s = interval_s
-        self.peak = 0
-        self._stop = threading.Event()
-        self._process = psutil.Process()
-
-    def _sample(self) -> None:
-        while True:
-            self.peak = max(self.peak, self._process.memory_info().rss)
-            if self._stop.wait(self.interval_s):
-                return
-
-    def __enter__(self) -> Self:
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._process.memory_info().rss)
-
-    @property
-    def peak_mb(self) -> float:
-        return self.peak / 2**20

@@ -1,5 +1,12 @@
-"""Aggregate a sweep directory into results.csv, per_query.csv, report.md and PNG plots, and pick
-the best config under constraints (``recommend``)."""
+"""Aggregate a sweep directory into results.csv, per_query.csv, report.md and PNG plots; choose a
+config on the tuning split and report it on the test split (``recommend``); compare two runs.
+
+Statistics (per dataset, on the tuning split's per-query scores of the primary metric): the best
+config by mean, a paired t-test of every config against the best and against the default config
+(the engine's shipped settings), Holm-corrected across the sweep; configs whose corrected p-value
+against the best is >= 0.05 are tied with it. ``recommend`` keeps the default when it is tied with
+the best (no evidence to change it), else takes the best.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +14,26 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 # Figure without pyplot renders with Agg and leaves the caller's backend alone (headless servers, notebooks).
 from matplotlib.figure import Figure
 
-from tinycontext import load_config
-from tinycontext.errors import ConfigError
+from tinycontext import ConfigError, load_config
 
 from .metrics import MEASURES
+from .stats import bootstrap_ci, diff_ci, holm, paired_p, summary
 
+ALPHA = 0.05
 KEY_COLUMNS = ["dataset", "embedder", "pooling", "query_prefix", "document_prefix", "dense_weight", "rrf_k",
                "top_k", "candidates", "max_tokens"]
-RESULT_COLUMNS = [*MEASURES, "budget_recall", "index_docs_per_s", "recall_p50_ms", "recall_p95_ms",
-                  "tokens_returned", "tokens_naive", "token_savings"]
+RESULT_COLUMNS = ["tune_ndcg@10", "ndcg@10", "ndcg@10_ci_low", "ndcg@10_ci_high", "recall@10", "recall@10_ci_low",
+                  "recall@10_ci_high", "recall@100", "mrr@10", "budget_recall", "recall_p50_ms", "recall_p95_ms",
+                  "recall_p99_ms", "peak_rss_mb", "index_docs_per_s", "tokens_returned", "tokens_naive", "token_savings"]
 SWEEPABLE = ["embedder", "pooling", "query_prefix", "document_prefix", "dense_weight", "rrf_k", "top_k",
              "candidates", "max_tokens"]
+STAT_COLUMNS = ["is_best", "tied_with_best", "p_vs_best", "p_vs_best_holm", "p_vs_default", "p_vs_default_holm"]
 
 
 def load_results(sweep_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
@@ -39,7 +50,7 @@ def load_results(sweep_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[dict
         records.append(record)
         pq_file = file.parent / "per_query.csv"
         if pq_file.is_file():
-            pq = pd.read_csv(pq_file, dtype={"query_id": str})
+            pq = pd.read_csv(pq_file, dtype={"query_id": str, "retrieved": str, "relevant": str, "session": str})
             pq.insert(0, "job", job)
             per_query.append(pq)
     rows = pd.DataFrame([r["row"] for r in records])
@@ -48,13 +59,35 @@ def load_results(sweep_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[dict
     return rows, (pd.concat(per_query, ignore_index=True) if per_query else pd.DataFrame()), records
 
 
+def sweepable(rows: pd.DataFrame) -> list[str]:
+    """Fixed axes plus any engine setting or recall argument a sweep passed through (engine.*, recall.*)."""
+    return [*SWEEPABLE, *[c for c in rows.columns if c.startswith(("engine.", "recall."))]]
+
+
 def swept(rows: pd.DataFrame) -> dict[str, list]:
-    return {c: rows[c].drop_duplicates().sort_values().tolist() for c in SWEEPABLE if c in rows and rows[c].nunique() > 1}
+    out = {c: rows[c].drop_duplicates().sort_values().tolist() for c in sweepable(rows)
+           if c in rows and rows[c].astype(str).nunique() > 1}
+    if "pooling" in out and "embedder" in out and (rows.groupby("embedder")["pooling"].nunique() == 1).all():
+        del out["pooling"]  # each embedder has its own pooling: not an axis of its own
+    return out
+
+
+def label(row: pd.Series, axes: list[str]) -> str:
+    """A short name for a config: the values of the swept axes."""
+    short = {"dense_weight": "w", "rrf_k": "k", "max_tokens": "budget", "candidates": "cand", "top_k": "top"}
+    parts = []
+    for axis in axes:
+        value = row[axis]
+        value = f"{value:g}" if isinstance(value, (float, np.floating)) else value
+        parts.append(f"{short.get(axis, axis.split('.')[-1])}={value}" if axis != "embedder" else str(value))
+    return " ".join(parts) or str(row.get("job", ""))
 
 
 def _markdown(df: pd.DataFrame) -> str:
     def cell(v):
-        return f"{v:.4g}" if isinstance(v, float) else str(v).replace("|", "\\|")
+        if isinstance(v, (bool, np.bool_)):
+            return "yes" if v else ""
+        return f"{v:.4g}" if isinstance(v, (float, np.floating)) else str(v).replace("|", "\\|")
 
     lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
@@ -75,95 +108,272 @@ def primary_metric(rows: pd.DataFrame) -> str:
     return "budget_recall" if rows["max_tokens"].nunique() > 1 else "ndcg@10"
 
 
-def write_plots(rows: pd.DataFrame, out: Path) -> list[Path]:
+def split_matrix(per_query: pd.DataFrame, jobs, metric: str, split: str = "tune") -> pd.DataFrame:
+    """queries x jobs of one metric on one split (queries every job scored)."""
+    part = per_query[per_query["job"].isin(list(jobs)) & per_query[split].astype(bool)]
+    return part.pivot_table(index="query_id", columns="job", values=metric, aggfunc="first").dropna()
+
+
+def sweep_stats(matrix: pd.DataFrame, default_job: str | None) -> pd.DataFrame:
+    """Per job: is_best, p vs best / default (raw and Holm-corrected), tied_with_best."""
+    means = matrix.mean()
+    best = means.idxmax()
+    out = pd.DataFrame(index=matrix.columns)
+    out["is_best"] = out.index == best
+    out["p_vs_best"] = [np.nan if j == best else paired_p(matrix[j], matrix[best]) for j in matrix.columns]
+    out["p_vs_best_holm"] = holm(out["p_vs_best"].to_numpy())
+    out["tied_with_best"] = out["is_best"] | (out["p_vs_best_holm"] >= ALPHA)
+    if default_job is not None and default_job in matrix:
+        out["p_vs_default"] = [np.nan if j == default_job else paired_p(matrix[j], matrix[default_job]) for j in matrix.columns]
+    else:
+        out["p_vs_default"] = np.nan
+    out["p_vs_default_holm"] = holm(out["p_vs_default"].to_numpy())
+    return out
+
+
+def choose(matrix: pd.DataFrame, default_job: str | None) -> str:
+    """The default config when it is tied with the best on this split, else the best."""
+    stats = sweep_stats(matrix, default_job)
+    if default_job is not None and default_job in stats.index and stats.loc[default_job, "tied_with_best"]:
+        return default_job
+    return str(stats.index[stats["is_best"]][0])
+
+
+def default_job(rows: pd.DataFrame) -> str | None:
+    hits = rows[rows["is_default"].astype(bool)] if "is_default" in rows else rows.iloc[0:0]
+    return str(hits["job"].iloc[0]) if len(hits) else None
+
+
+def cross_validated(per_query: pd.DataFrame, rows: pd.DataFrame, metric: str) -> dict:
+    """Leave-one-session-out estimate of the test score of ``choose``: choose on the other sessions'
+    queries, score the choice on the held-out session's, pool the held-out scores."""
+    matrix = split_matrix(per_query, rows["job"], metric)
+    sessions = per_query.drop_duplicates("query_id").set_index("query_id")["session"].reindex(matrix.index)
+    default = default_job(rows)
+    held_out, folds = [], []
+    for session in sorted(sessions.dropna().unique()):
+        inside = sessions == session
+        job = choose(matrix[~inside], default)
+        held_out.append(matrix.loc[inside, job])
+        folds.append({"held_out": session, "chosen": job, "queries": int(inside.sum())})
+    scores = pd.concat(held_out) if held_out else pd.Series(dtype=float)
+    low, high = bootstrap_ci(scores.to_numpy())
+    return {"value": float(scores.mean()), "ci_low": low, "ci_high": high, "queries": len(scores), "folds": folds}
+
+
+def dataset_stats(rows: pd.DataFrame, per_query: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """``rows`` of one dataset with STAT_COLUMNS added (tuning split of ``metric``)."""
+    matrix = split_matrix(per_query, rows["job"], metric)
+    stats = sweep_stats(matrix, default_job(rows))
+    return rows.drop(columns=[c for c in STAT_COLUMNS if c in rows]).join(stats, on="job")
+
+
+def _scatter_panel(ax, part: pd.DataFrame, x: str, metric: str, axes: list[str], chosen: str | None, xlabel: str) -> None:
+    y, low, high = part[f"tune_{metric}"], part[f"tune_{metric}_ci_low"], part[f"tune_{metric}_ci_high"]
+    ax.errorbar(part[x], y, yerr=[y - low, high - y], fmt="o", color="tab:blue", ecolor="lightsteelblue", capsize=2,
+                markersize=4, label="config (95% CI, tuning split)")
+    front = pareto_front(part, x, f"tune_{metric}")
+    ax.plot(front[x], front[f"tune_{metric}"], color="tab:orange", drawstyle="steps-post", label="Pareto front")
+    labelled = front if len(front) <= 12 else front.iloc[:: max(1, len(front) // 12)]
+    for _, row in labelled.iterrows():
+        ax.annotate(label(row, axes), (row[x], row[f"tune_{metric}"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if chosen is not None and chosen in set(part["job"]):
+        pick = part[part["job"] == chosen].iloc[0]
+        ax.scatter([pick[x]], [pick[f"tune_{metric}"]], marker="*", s=220, color="tab:red", zorder=5,
+                   label=f"recommended: {label(pick, axes)}")
+    ax.set(xlabel=xlabel, ylabel=f"{metric} (tuning split)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+
+
+def pareto_front(part: pd.DataFrame, cost: str, quality: str) -> pd.DataFrame:
+    """Configs no other config beats on both lower cost and higher quality, by increasing cost."""
+    ordered = part.sort_values([cost, quality], ascending=[True, False])
+    best, keep = -np.inf, []
+    for idx, row in ordered.iterrows():
+        if row[quality] > best:
+            keep.append(idx)
+            best = row[quality]
+    return ordered.loc[keep]
+
+
+def write_plots(rows: pd.DataFrame, out: Path, chosen: dict[str, str] | None = None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
+    chosen = chosen or {}
     written = []
     datasets = sorted(rows["dataset"].unique())
+    axes = list(swept(rows))
 
-    fig = Figure(figsize=(6 * len(datasets), 4))
-    axes = fig.subplots(1, len(datasets), squeeze=False)
-    for ax, name in zip(axes[0], datasets):
+    # Pareto: quality (tuning split, CI bars) against p95 latency and against peak RSS.
+    fig = Figure(figsize=(13, 4.8 * len(datasets)))
+    grid = fig.subplots(len(datasets), 2, squeeze=False)
+    for (ax_lat, ax_ram), name in zip(grid, datasets):
+        part = rows[rows["dataset"] == name]
+        metric = primary_metric(part)
+        _scatter_panel(ax_lat, part, "recall_p95_ms", metric, axes, chosen.get(name), "recall p95 latency (ms, live, alone)")
+        ax_lat.set_title(f"{name}: quality vs latency")
+        _scatter_panel(ax_ram, part, "peak_rss_mb", metric, axes, chosen.get(name), "peak RSS of a fresh process (MB)")
+        ax_ram.set_title(f"{name}: quality vs memory")
+    written.append(_save(fig, out / "pareto.png"))
+
+    # Quality vs dense weight, one line per (embedder, rrf_k), legend beside the axes.
+    fig = Figure(figsize=(9, 4.5 * len(datasets)))
+    grid = fig.subplots(len(datasets), 1, squeeze=False)
+    for ax, name in zip(grid[:, 0], datasets):
         part = rows[rows["dataset"] == name]
         for (embedder, k), group in part.groupby(["embedder", "rrf_k"]):
-            group = group.groupby("dense_weight", as_index=False)["ndcg@10"].max()
-            ax.plot(group["dense_weight"], group["ndcg@10"], marker="o", label=f"{embedder}, k={k:g}")
-        ax.set(title=f"{name}: quality vs dense weight", xlabel="dense weight (0 = BM25 alone, 1 = dense alone)", ylabel="nDCG@10")
-        ax.legend(fontsize=7)
+            group = group.groupby("dense_weight", as_index=False)[["tune_ndcg@10", "ndcg@10"]].max()
+            ax.plot(group["dense_weight"], group["tune_ndcg@10"], marker="o", label=f"{embedder}, k={k:g}")
+        ax.set(title=f"{name}: nDCG@10 (tuning split) vs dense weight", xlabel="dense weight (0 = BM25 alone, 1 = dense alone)",
+               ylabel="nDCG@10")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     written.append(_save(fig, out / "quality_vs_dense_weight.png"))
 
-    fig = Figure(figsize=(6 * len(datasets), 4))
-    axes = fig.subplots(1, len(datasets), squeeze=False)
-    for ax, name in zip(axes[0], datasets):
+    # Budget: tokens the agent receives vs recall within that budget, with R@10 unlimited for reference.
+    fig = Figure(figsize=(9, 4.5 * len(datasets)))
+    grid = fig.subplots(len(datasets), 1, squeeze=False)
+    for ax, name in zip(grid[:, 0], datasets):
         part = rows[rows["dataset"] == name]
-        for embedder, group in part.groupby("embedder"):
-            ax.scatter(group["recall_p95_ms"], group["ndcg@10"], label=embedder, alpha=0.7)
-        ax.set(title=f"{name}: quality vs latency", xlabel="recall p95 latency (ms, query embedding included)", ylabel="nDCG@10")
-        ax.legend(fontsize=7)
-    written.append(_save(fig, out / "quality_vs_latency.png"))
-
-    fig = Figure(figsize=(6 * len(datasets), 4))
-    axes = fig.subplots(1, len(datasets), squeeze=False)
-    for ax, name in zip(axes[0], datasets):
-        part = rows[rows["dataset"] == name]
-        for (embedder, w, k), group in part.groupby(["embedder", "dense_weight", "rrf_k"]):
+        groups = [c for c in axes if c != "max_tokens"][:3]
+        for key, group in (part.groupby(groups) if groups else [((), part)]):
             group = group.sort_values("tokens_returned")
-            ax.plot(group["tokens_returned"], group["budget_recall"], marker="o", label=f"{embedder}, w={w:g}, k={k:g}")
-        ax.axvline(part["tokens_naive"].mean(), color="grey", linestyle="--", label="naive dump (mean)")
-        ax.set(title=f"{name}: tokens vs recall within budget", xlabel="tokens returned per query (mean)", ylabel="recall within budget")
-        ax.set_xscale("log")
-        if part.groupby(["embedder", "dense_weight", "rrf_k"]).ngroups <= 12:
-            ax.legend(fontsize=7)
+            text = label(group.iloc[0], groups) or "config"
+            y = group["budget_recall"]
+            ax.errorbar(group["tokens_returned"], y, yerr=[y - group["budget_recall_ci_low"], group["budget_recall_ci_high"] - y],
+                        marker="o", capsize=2, label=text)
+            for _, row in (group.iterrows() if "max_tokens" in axes else []):  # one budget: nothing to label
+                ax.annotate(f"{int(row['max_tokens'])}", (row["tokens_returned"], row["budget_recall"]),
+                            textcoords="offset points", xytext=(3, -10), fontsize=7)
+        ax.axhline(part["recall@10"].max(), color="grey", linestyle=":", label="best R@10, unlimited budget")
+        ax.axvline(part["tokens_naive"].mean(), color="grey", linestyle="--", label="fixed naive baseline (mean tokens)")
+        ax.set(title=f"{name}: tokens returned vs recall within the budget"
+               + (" (labels: max_tokens)" if "max_tokens" in axes else f" (max_tokens {int(part['max_tokens'].iloc[0])})"),
+               xscale="log",
+               xlabel="tokens returned per query (mean, log scale)", ylabel="recall within budget (test split)")
+        ax.grid(alpha=0.3)
+        handles = ax.get_legend_handles_labels()[0]
+        if len(handles) <= 16:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     written.append(_save(fig, out / "tokens_vs_recall.png"))
     return written
 
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
+
+
+def _fmt_ci(row, name: str) -> str:
+    return f"{row[name]:.4f} [{row[f'{name}_ci_low']:.4f}, {row[f'{name}_ci_high']:.4f}]"
+
+
+def _category_table(part: pd.DataFrame, jobs: list[str]) -> list[str]:
+    cats = sorted({c.split("_")[0] for c in part.columns if c.startswith("cat") and c.endswith("_queries")})
+    if not cats:
+        return []
+    lines = ["LoCoMo categories 1-4 (test = dev split; category 5, adversarial questions about things that never",
+             "happened, has no answer and is excluded). R@10 and recall within the budget with 95% CIs:", ""]
+    table = []
+    for job in jobs:
+        row = part[part["job"] == job].iloc[0]
+        for cat in cats:
+            table.append({"job": job, "category": cat[3:], "queries": int(row[f"{cat}_queries"]),
+                          "R@10": _fmt_ci(row, f"{cat}_recall@10"), "nDCG@10": _fmt_ci(row, f"{cat}_ndcg@10"),
+                          "budget recall": _fmt_ci(row, f"{cat}_budget_recall")})
+    return [*lines, _markdown(pd.DataFrame(table)), ""]
 
 
 def build_report(sweep_dir: Path) -> Path:
     """(Re)build results.csv, per_query.csv, plots/ and report.md in ``sweep_dir``; returns report.md."""
     sweep_dir = Path(sweep_dir)
     rows, per_query, records = load_results(sweep_dir)
+    parts, chosen, sections = [], {}, []
+    axes = list(swept(rows))
+    for name, part in rows.groupby("dataset"):
+        metric = primary_metric(part)
+        part = dataset_stats(part, per_query, metric)
+        parts.append(part)
+        matrix = split_matrix(per_query, part["job"], metric)
+        pick = choose(matrix, default_job(part))
+        chosen[name] = pick
+        sections += _dataset_section(name, part, per_query, metric, pick, axes)
+    rows = pd.concat(parts)
     rows.to_csv(sweep_dir / "results.csv", index=False)
     if not per_query.empty:
         per_query.to_csv(sweep_dir / "per_query.csv", index=False)
-    plots = write_plots(rows, sweep_dir / "plots")
-    metric = primary_metric(rows)
-    best = rows.sort_values([metric, "recall_p95_ms"], ascending=[False, True]).groupby("dataset").head(1)
-    shown = [c for c in ["job", "dataset", "embedder", "dense_weight", "rrf_k", "max_tokens", *RESULT_COLUMNS] if c in rows]
-    env = records[0]["environment"]
+    plots = write_plots(rows, sweep_dir / "plots", chosen)
+    env = records[0]["manifest"]
+    reused = sum(1 for r in records if r.get("reused_run"))
     lines = [
         "# TinyContext evaluation report", "",
-        f"{len(rows)} configs in `{sweep_dir}`, built {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.", "",
+        f"{len(rows)} configs in `{sweep_dir}`, built {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+        + (f" ({reused} taken from the results store: finished before with the same config, data, model and code)." if reused else "."),
+        "",
         "## What was swept", "",
         *([f"- `{k}`: {', '.join(map(str, v))}" for k, v in swept(rows).items()] or ["- nothing (a single config)"]), "",
-        f"## Best config per dataset (by {metric}, then lower p95 latency)", "", _markdown(best[shown]), "",
+        "Configs are chosen on the tuning split and reported on the test split. CIs are paired-bootstrap 95% intervals over",
+        "queries; p-values are paired t-tests on the tuning split, Holm-corrected across the sweep; `tied` = not",
+        f"distinguishable from the best (corrected p >= {ALPHA}). The recommendation keeps the default (the engine's shipped",
+        "settings) when it is tied with the best, else takes the best.", "",
         "## Checks", "",
         f"- dense_weight = 0 is BM25 alone (nDCG@10 independent of rrf_k and embedder): {_invariance(rows, 0.0, ['dataset', 'max_tokens', 'top_k', 'candidates'])}",
         f"- dense_weight = 1 is dense alone (nDCG@10 independent of rrf_k): {_invariance(rows, 1.0, ['dataset', 'embedder', 'max_tokens', 'top_k', 'candidates'])}",
-        "",
+        "", *sections,
+        "## Plots", "", *[f"![{p.stem}](plots/{p.name})" for p in plots], "",
+        "## Environment", "",
+        f"- CPU: {env.get('cpu')} ({env.get('cpu_affinity')} usable cores), Python {env.get('python')}, {env.get('platform')}",
+        f"- git: {env.get('git', {}).get('commit')} (dirty: {env.get('git', {}).get('dirty')})",
+        "- load average at each job's timing pass: "
+        + ", ".join(str(r['manifest'].get('load_average_at_timing')) for r in records[:10]) + (" ..." if len(records) > 10 else ""),
+        "- packages: " + ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v), "",
+        ("Latency: live `MemoryEngine.recall` calls (query embedding included) after a warm-up, one timing pass at a time"
+         " on the host; indexing throughput and peak RSS from a fresh process per model."), "",
     ]
-    for name, part in rows.groupby("dataset"):
-        lines += [f"## {name}", "", _markdown(part.sort_values(metric, ascending=False)[shown]), ""]
-    lines += ["## Plots", "", *[f"![{p.stem}](plots/{p.name})" for p in plots], "",
-              "## Environment", "",
-              f"- CPU: {env.get('cpu')} ({env.get('cpu_affinity')} usable cores), Python {env.get('python')}, {env.get('platform')}",
-              f"- load average at the first run: {env.get('load_average')}",
-              "- packages: " + ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v), "",
-              ("Latency is measured with sweeps running side by side when the joblib launcher is used; compare"
-               " latencies within one sweep, and re-run the chosen config alone for absolute numbers."), ""]
     report = sweep_dir / "report.md"
     report.write_text("\n".join(lines), encoding="utf-8")
     return report
 
 
+def _dataset_section(name: str, part: pd.DataFrame, per_query: pd.DataFrame, metric: str, pick: str, axes: list[str]) -> list[str]:
+    best = part[part["is_best"]].iloc[0]
+    chosen_row = part[part["job"] == pick].iloc[0]
+    tune_split, test_split = chosen_row["tune_split"], chosen_row["test_split"]
+    lines = [f"## {name}", "",
+             f"Tuning split `{tune_split}` ({int(chosen_row['queries_tune'])} queries), test split `{test_split}` "
+             f"({int(chosen_row['queries_test'])} queries); judged by {metric}.", "",
+             f"- **recommended**: job {pick} ({label(chosen_row, axes)}): {tune_split} {_fmt_ci(chosen_row, 'tune_' + metric)}, "
+             f"{test_split} {_fmt_ci(chosen_row, metric)}; p95 {chosen_row['recall_p95_ms']:.1f} ms",
+             f"- best on the tuning split: job {best['job']} ({label(best, axes)}): {_fmt_ci(best, 'tune_' + metric)}; "
+             f"{int(part['tied_with_best'].sum())} configs tied with it"]
+    if chosen_row.get("cross_validate") == "session":
+        cv = cross_validated(per_query[per_query["job"].isin(part["job"])], part, metric)
+        lines.append(f"- test estimate of this choice (leave-one-conversation-out): {cv['value']:.4f} "
+                     f"[{cv['ci_low']:.4f}, {cv['ci_high']:.4f}] over {cv['queries']} queries")
+    default = default_job(part)
+    if default is not None:
+        d = part[part["job"] == default].iloc[0]
+        lines.append(f"- default (shipped) config: job {default}: {tune_split} {_fmt_ci(d, 'tune_' + metric)}, "
+                     f"{test_split} {_fmt_ci(d, metric)}")
+    lines.append("")
+    shown = [c for c in ["job", *axes, f"tune_{metric}", f"tune_{metric}_ci_low", f"tune_{metric}_ci_high", metric,
+                         f"{metric}_ci_low", f"{metric}_ci_high", "recall@10", "budget_recall", "tokens_returned",
+                         "tokens_naive", "recall_p95_ms", "recall_p99_ms", "peak_rss_mb", "p_vs_default_holm",
+                         "p_vs_best_holm", "tied_with_best"] if c in part]
+    shown = list(dict.fromkeys(shown))
+    lines += [_markdown(part.sort_values(f"tune_{metric}", ascending=False)[shown]), "",
+              "Budget cost: `recall@10` is R@10 of the unlimited ranking, `budget_recall` what fits the token budget "
+              "(top_k, max_tokens); `tokens_naive` is the fixed baseline (BM25's top 10 in full, or the whole conversation).", ""]
+    lines += _category_table(part, list(dict.fromkeys([pick, *([default] if default else [])])))
+    return lines
+
+
 def recommend(sweep_dir: Path, *, max_p95_ms: float | None = None, max_model_mb: float | None = None,
               metric: str | None = None, dataset: str | None = None, out: Path | None = None) -> tuple[Path, dict]:
-    """Write the best config under the constraints as a context_config.json tinycontext loads as-is."""
-    rows, _, _ = load_results(Path(sweep_dir))
+    """Choose on the tuning split under the constraints; write the choice and its test score as a
+    context_config.json tinycontext loads as-is (the scores sit under ``provenance``)."""
+    rows, per_query, _ = load_results(Path(sweep_dir))
     if dataset is not None:
         rows = rows[rows["dataset"] == dataset]
     elif rows["dataset"].nunique() > 1:
@@ -179,7 +389,9 @@ def recommend(sweep_dir: Path, *, max_p95_ms: float | None = None, max_model_mb:
         raise ConfigError(
             f"No config meets p95 <= {max_p95_ms} ms and model <= {max_model_mb} MB (fastest p95: "
             f"{rows['recall_p95_ms'].min():.1f} ms, smallest model: {rows['model_mb'].min():.1f} MB). Relax a limit.")
-    best = candidates.sort_values([metric, "recall_p95_ms"], ascending=[False, True]).iloc[0]
+    matrix = split_matrix(per_query, candidates["job"], metric)
+    job = choose(matrix, default_job(candidates))
+    best = candidates[candidates["job"] == job].iloc[0]
     settings = {
         "embedding_model": str(best["embedding_model"]),
         "recall_dense_weight": float(best["dense_weight"]),
@@ -189,10 +401,65 @@ def recommend(sweep_dir: Path, *, max_p95_ms: float | None = None, max_model_mb:
         "recall_candidates": int(best["candidates"]),
         "dense_query_prefix": "" if pd.isna(best["query_prefix"]) else str(best["query_prefix"]),
         "dense_document_prefix": "" if pd.isna(best["document_prefix"]) else str(best["document_prefix"]),
+        # Engine settings a sweep passed through (engine.index.* / engine.recall.*) are part of the choice.
+        **{c.split(".")[-1]: _plain(best[c]) for c in best.index if c.startswith("engine.") and not pd.isna(best[c])},
     }
+    tune = per_query[(per_query["job"] == job) & per_query["tune"].astype(bool)][metric].to_numpy()
+    test = per_query[(per_query["job"] == job) & per_query["test"].astype(bool)][metric].to_numpy()
+    provenance = {
+        "sweep": str(Path(sweep_dir).resolve()), "job": str(job), "dataset": str(best["dataset"]), "metric": metric,
+        "chosen_on": {"split": str(best["tune_split"]), **summary(tune, "value"), "queries": int(len(tune))},
+        "test": {"split": str(best["test_split"]), **summary(test, "value"), "queries": int(len(test))},
+        "recall_p95_ms": float(best["recall_p95_ms"]), "model_mb": float(best["model_mb"]),
+        "rule": "default config if tied with the best on the tuning split (Holm-corrected paired t-test), else the best",
+    }
+    if best.get("cross_validate") == "session":
+        cv = cross_validated(per_query[per_query["job"].isin(candidates["job"])], candidates, metric)
+        provenance["test"] = {"split": f"{best['test_split']} (leave-one-conversation-out)", **cv}
     out = Path(out) if out else Path(sweep_dir) / "context_config.json"
-    out.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    out.write_text(json.dumps({**settings, "provenance": provenance}, indent=2) + "\n", encoding="utf-8")
     load_config(out, env={})  # fails loudly (config_error) if tinycontext would not accept the file
-    summary = {"job": best["job"], "metric": metric, "value": float(best[metric]), "recall_p95_ms": float(best["recall_p95_ms"]),
-               "model_mb": float(best["model_mb"]), "settings": settings}
-    return out, summary
+    summary_out = {"job": str(job), "metric": metric, "tune": provenance["chosen_on"], "test": provenance["test"],
+                   "recall_p95_ms": float(best["recall_p95_ms"]), "model_mb": float(best["model_mb"]), "settings": settings}
+    return out, summary_out
+
+
+def _plain(value):
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _run_scores(ref: str, store_path: Path | None) -> tuple[str, pd.DataFrame]:
+    path = Path(ref)
+    if (path / "per_query.csv").is_file():
+        return str(path), pd.read_csv(path / "per_query.csv", dtype={"query_id": str})
+    if store_path is not None and store_path.is_file():
+        from .store import ResultsStore
+
+        with ResultsStore(store_path) as store:
+            hit = store.get(ref)
+        if hit is not None:
+            return f"run {ref}", hit[1]
+    raise ConfigError(f"{ref} is neither a run directory with per_query.csv nor a run id in the results store {store_path}.")
+
+
+def compare(run_a: str, run_b: str, *, store_path: Path | None = None, metrics: list[str] | None = None) -> pd.DataFrame:
+    """Paired per-query differences B - A on the queries both runs scored, per split: mean, 95% CI, p."""
+    name_a, a = _run_scores(run_a, store_path)
+    name_b, b = _run_scores(run_b, store_path)
+    metrics = metrics or [*MEASURES, "budget_recall"]
+    out = []
+    for split in ("tune", "test"):
+        left = a[a[split].astype(bool)].set_index("query_id") if split in a else a.set_index("query_id")
+        right = b[b[split].astype(bool)].set_index("query_id") if split in b else b.set_index("query_id")
+        common = left.index.intersection(right.index)
+        if common.empty:
+            continue
+        for metric in metrics:
+            x, y = left.loc[common, metric].to_numpy(float), right.loc[common, metric].to_numpy(float)
+            low, high = diff_ci(y, x)
+            out.append({"split": split, "metric": metric, "queries": len(common), "a": x.mean(), "b": y.mean(),
+                        "b_minus_a": (y - x).mean(), "ci_low": low, "ci_high": high, "p": paired_p(y, x),
+                        "wins": int((y > x).sum()), "losses": int((y < x).sum())})
+    if not out:
+        raise ConfigError(f"{name_a} and {name_b} share no scored query: compare runs on the same dataset.")
+    return pd.DataFrame(out)

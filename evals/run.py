@@ -2,7 +2,10 @@
 
 - ``tinycontext-eval [hydra overrides]``: one run, or a sweep with ``-m`` or an ``experiment=`` preset.
 - ``tinycontext-eval report <sweep dir>``: (re)build results.csv, report.md and plots.
-- ``tinycontext-eval recommend <sweep dir> [--max-p95-ms X] [--max-model-mb Y]``: write context_config.json.
+- ``tinycontext-eval recommend <sweep dir> [--max-p95-ms X] [--max-model-mb Y]``: choose on the tuning
+  split, write context_config.json with the choice and its test score.
+- ``tinycontext-eval compare RUN_A RUN_B``: paired per-query differences with CIs (run dirs or store ids).
+- ``tinycontext-eval ingest <sweep dir>``: append a sweep's results to the local results store.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,8 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from tinycontext import TinyContextConfig
-from tinycontext.errors import TinyContextError
+from tinycontext import TinyContextConfig, TinyContextError
 
 log = logging.getLogger("evals")
 
@@ -43,16 +46,26 @@ def main(cfg: DictConfig) -> float:
     hc = HydraConfig.get()
     record = run_config(cfg, Path(hc.runtime.output_dir), overrides=list(hc.overrides.task))
     row = record["row"]
-    log.info("%s | %s | w=%g k=%g budget=%d: nDCG@10 %.4f R@100 %.4f budget recall %.3f, p95 %.1f ms, tokens %.0f vs %.0f naive",
-             row["dataset"], row["embedder"], row["dense_weight"], row["rrf_k"], row["max_tokens"], row["ndcg@10"],
-             row["recall@100"], row["budget_recall"], row["recall_p95_ms"], row["tokens_returned"], row["tokens_naive"])
+    log.info("%s | %s | w=%g k=%g budget=%d: nDCG@10 %s %.4f [%.4f, %.4f], %s %.4f; budget recall %.3f, p95 %.1f ms, "
+             "tokens %.0f vs %.0f naive", row["dataset"], row["embedder"], row["dense_weight"], row["rrf_k"], row["max_tokens"],
+             row["test_split"], row["ndcg@10"], row["ndcg@10_ci_low"], row["ndcg@10_ci_high"], row["tune_split"],
+             row["tune_ndcg@10"], row["budget_recall"], row["recall_p95_ms"], row["tokens_returned"], row["tokens_naive"])
     if hc.mode == RunMode.MULTIRUN:
         log.info(record_progress(Path(hc.sweep.dir), str(hc.job.num), time.perf_counter() - started))
     return float(row["ndcg@10"])  # the value an optimizing sweeper (Optuna, Nevergrad) would maximise
 
 
+COMMANDS = ("report", "recommend", "compare", "ingest")
+
+
+def _default_store() -> Path:
+    """The store a default run appends to (conf/config.yaml: results_store)."""
+    env = os.environ
+    return Path(env.get("TINYCONTEXT_EVAL_STORE") or Path(env.get("TINYCONTEXT_EVAL_CACHE", ".eval_cache")) / "results.sqlite")
+
+
 def _commands(argv: list[str]) -> int:
-    from .report import build_report, recommend
+    from .report import build_report, compare, load_results, recommend
 
     parser = argparse.ArgumentParser(prog="tinycontext-eval", description="Rebuild reports or pick a config from a sweep.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,10 +78,28 @@ def _commands(argv: list[str]) -> int:
     rec.add_argument("--metric", help="column to maximise (default: ndcg@10; budget_recall for budget sweeps)")
     rec.add_argument("--dataset", help="which dataset, when the sweep has several")
     rec.add_argument("--out", type=Path, help="output file (default: <sweep dir>/context_config.json)")
+    cmp = sub.add_parser("compare", help="paired per-query differences RUN_B - RUN_A with 95%% CIs")
+    cmp.add_argument("run_a", help="a run directory (with per_query.csv) or a run id in the results store")
+    cmp.add_argument("run_b")
+    cmp.add_argument("--store", type=Path, default=None, help="results store for run ids (default: the harness default)")
+    ing = sub.add_parser("ingest", help="append a sweep's result.json files to the local results store")
+    ing.add_argument("sweep_dir", type=Path)
+    ing.add_argument("--store", type=Path, default=None)
     args = parser.parse_args(argv)
     try:
         if args.command == "report":
             print(build_report(args.sweep_dir))
+        elif args.command == "compare":
+            table = compare(args.run_a, args.run_b, store_path=args.store or _default_store())
+            print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        elif args.command == "ingest":
+            from .store import ResultsStore
+
+            _, per_query, records = load_results(args.sweep_dir)
+            with ResultsStore(args.store or _default_store()) as store:
+                added = sum(store.append(r, per_query[per_query["job"] == r["row"]["job"]].drop(columns="job"))
+                            for r in records)
+            print(f"{added} new runs appended ({len(records) - added} already stored)")
         else:
             out, summary = recommend(args.sweep_dir, max_p95_ms=args.max_p95_ms, max_model_mb=args.max_model_mb,
                                      metric=args.metric, dataset=args.dataset, out=args.out)
@@ -81,7 +112,7 @@ def _commands(argv: list[str]) -> int:
 
 
 def console_main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] in ("report", "recommend"):
+    if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
         sys.exit(_commands(sys.argv[1:]))
     main()
 

@@ -1,9 +1,15 @@
 """One evaluation run: index a dataset through MemoryEngine.save, recall every judged query through
 MemoryEngine.recall, and measure quality, cost and tokens.
 
-Sweeps stay cheap because nothing that a config does not change is recomputed: document and query
-vectors come from the on-disk embedding cache, and the indexed database for a (dataset, embedder
-identity) pair is built once under a file lock and reused by every recall-only config.
+A run has two passes. The quality pass may take vectors from the on-disk embedding cache and an
+indexed database built once per (dataset, embedder, engine code); it computes nDCG/R/MRR, tokens and
+recall within the budget for the tuning and the test split. The timing pass is live: production's
+own uncached embedder, alone on the host (``evals.timing``). Indexing throughput and peak RSS come
+from a fresh process per model.
+
+Every cache key holds a fingerprint of the code that shapes its contents (see ``evals.fingerprint``),
+and a finished job (same config, data, model and code) is taken from the results store instead of
+being run again, unless ``force=true``.
 """
 
 from __future__ import annotations
@@ -12,38 +18,43 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import time
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
 from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
 
-import tinycontext
-from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.embeddings import Embedder
-from tinycontext.model_hub import resolve_model
-from tinycontext.store import SCHEMA_VERSION
+from tinycontext import Embedder, MemoryEngine, TinyContextConfig, resolve_model
 
+from . import datasets as dataset_module
 from .datasets import EvalDataset
-from .embedding_cache import CachedEmbedder
-from .environment import PeakRSS, environment
-from .metrics import (
-    MEASURES,
-    latency_summary,
-    mean_quality,
-    per_query_quality,
-    recall_within,
-    token_summary,
-)
+from .embedding_cache import CachedEmbedder, file_sha256, model_key
+from .environment import environment
+from .fingerprint import engine_source, git_state, harness_source, module_source
+from .metrics import MEASURES, latency_summary, per_query_quality, recall_within, token_summary
+from .stats import summary
+from .store import ResultsStore
+from .timing import computing, probe, recall_latencies, timing_alone
 
 log = logging.getLogger(__name__)
 RANKING_DEPTH = 100
+NAIVE_TOP = 10
 UNLIMITED_TOKENS = 1_000_000
+QUALITY = [*MEASURES, "budget_recall"]
+CATEGORY_METRICS = ["recall@10", "ndcg@10", "budget_recall"]
+# Config keys that say where things are kept, not what is measured: not part of a job's key.
+NOT_IN_KEY = ("hydra", "base_dir", "shared_dir", "cache_dir", "models_dir", "results_store", "force", "latency")
 
-# Loaded models and datasets, kept for the next job in this process (basic launcher, joblib workers).
+# Loaded models, datasets and probe results, kept for the next job in this process (joblib workers).
 _embedders: dict[tuple, CachedEmbedder] = {}
+_live: dict[tuple, Embedder] = {}
 _datasets: dict[str, EvalDataset] = {}
+_probes: dict[str, dict] = {}
 
 
 def resolve_model_spec(spec: str, base: Path) -> str:
@@ -53,16 +64,36 @@ def resolve_model_spec(spec: str, base: Path) -> str:
     return spec
 
 
+def _embedder_args(cfg: DictConfig) -> dict:
+    return {"batch_size": int(cfg.batch_size), "pooling": cfg.pooling or None, "query_prefix": cfg.query_prefix or "",
+            "document_prefix": cfg.document_prefix or ""}
+
+
 def get_embedder(cfg: DictConfig, models_dir: Path, cache_dir: Path, base: Path) -> CachedEmbedder:
+    """The cached embedder of the quality pass (vectors from disk when seen before)."""
     spec = resolve_model_spec(str(cfg.model), base)
-    key = (spec, cfg.pooling, cfg.query_prefix, cfg.document_prefix, int(cfg.batch_size), str(cache_dir))
+    key = (spec, *_embedder_args(cfg).values(), str(cache_dir))
     if key not in _embedders:
-        bundle = resolve_model(spec, models_dir)
-        inner = Embedder(bundle, batch_size=int(cfg.batch_size), cache_size=0, pooling=cfg.pooling or None,
-                         query_prefix=cfg.query_prefix or "", document_prefix=cfg.document_prefix or "")
-        inner.embed(["warm up"], "query")  # the first inference is slow; keep it out of query latencies
+        inner = Embedder(resolve_model(spec, models_dir), cache_size=0, **_embedder_args(cfg))
         _embedders[key] = CachedEmbedder(inner, cache_dir)
     return _embedders[key]
+
+
+def live_embedder(cfg: DictConfig, models_dir: Path, base: Path) -> Embedder:
+    """Production's embedder for the timing pass. No query LRU: every timed query is embedded."""
+    spec = resolve_model_spec(str(cfg.model), base)
+    key = (spec, *_embedder_args(cfg).values())
+    if key not in _live:
+        _live[key] = Embedder(resolve_model(spec, models_dir), cache_size=0, **_embedder_args(cfg))
+    return _live[key]
+
+
+def loader_source(params: dict) -> str:
+    """The loader named by ``_target_`` and the module holding the shared text functions."""
+    from hydra.utils import get_method
+
+    loader = get_method(params["_target_"])
+    return hashlib.sha256((module_source(loader) + module_source(dataset_module)).encode()).hexdigest()
 
 
 def get_dataset(cfg: DictConfig, base: Path) -> EvalDataset:
@@ -71,23 +102,32 @@ def get_dataset(cfg: DictConfig, base: Path) -> EvalDataset:
     params = OmegaConf.to_container(cfg, resolve=True)
     if params.get("path"):
         params["path"] = str((base / Path(params["path"]).expanduser()).resolve())
-    key = json.dumps(params, sort_keys=True)
+    code = loader_source(params)
+    key = json.dumps(params, sort_keys=True) + code
     if key not in _datasets:
-        _datasets[key] = instantiate(params)
+        dataset = instantiate(params)
+        dataset.info["loader_code"] = code
+        dataset.info["params"] = params  # what rebuilds it (notebooks), with an absolute path
+        _datasets[key] = dataset
     return _datasets[key]
 
 
-def index_key(dataset: EvalDataset, embedder: CachedEmbedder) -> str:
-    parts = {"dataset": dataset.fingerprint, "docs": len(dataset.docs), "identity": embedder.identity,
-             "vectors": embedder.key, "tinycontext": tinycontext.__version__, "schema": SCHEMA_VERSION}
+def _overrides(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True) if node is not None else {}
+
+
+def index_key(dataset: EvalDataset, embedder: CachedEmbedder, index_overrides: dict) -> str:
+    parts = {"dataset": dataset.fingerprint, "loader": dataset.info.get("loader_code"), "docs": len(dataset.docs),
+             "identity": embedder.identity, "vectors": embedder.key, "engine": engine_source(), "harness": harness_source(),
+             "settings": index_overrides}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def ensure_index(dataset: EvalDataset, embedder: CachedEmbedder, cache_dir: Path) -> tuple[Path, dict]:
-    """The indexed database for (dataset, embedder), built once; parallel jobs wait on a file lock."""
+def ensure_index(dataset: EvalDataset, embedder: CachedEmbedder, cache_dir: Path, index_overrides: dict) -> tuple[Path, dict]:
+    """The indexed database for (dataset, embedder, engine code), built once; parallel jobs wait on a file lock."""
     folder = cache_dir / "indexes"
     folder.mkdir(parents=True, exist_ok=True)
-    stem = f"{dataset.name}-{index_key(dataset, embedder)}"
+    stem = f"{dataset.name}-{index_key(dataset, embedder, index_overrides)}"
     db, meta_file = folder / f"{stem}.db", folder / f"{stem}.json"
     with FileLock(str(folder / f"{stem}.lock")):
         if db.is_file() and meta_file.is_file():
@@ -96,24 +136,25 @@ def ensure_index(dataset: EvalDataset, embedder: CachedEmbedder, cache_dir: Path
         tmp = folder / f"{stem}.building.db"
         for leftover in folder.glob(f"{stem}.building.db*"):
             leftover.unlink()
-        meta = _build_index(dataset, embedder, tmp)
+        meta = _build_index(dataset, embedder, tmp, index_overrides)
         # Closing the engine checkpointed the WAL, so the single file is the whole database.
         os.replace(tmp, db)
         meta_file.write_text(json.dumps(meta), encoding="utf-8")
     return db, {**meta, "reused": False}
 
 
-def _build_index(dataset: EvalDataset, embedder: CachedEmbedder, path: Path) -> dict:
-    config = TinyContextConfig(memory_db_path=path)
+def _build_index(dataset: EvalDataset, embedder: CachedEmbedder, path: Path, index_overrides: dict) -> dict:
+    config = TinyContextConfig(memory_db_path=path, **index_overrides)
     by_session: dict[str, list] = {}
     for doc in dataset.docs:
         by_session.setdefault(doc.session, []).append(doc)
     doc_ids: dict[int, list[str]] = {}
     skipped = 0
     computed_before = embedder.computed
-    log.info("indexing %d documents of %s with %s", len(dataset.docs), dataset.name, embedder.identity["model"])
     started = time.perf_counter()
-    with MemoryEngine(config, embedder=embedder, progress=True) as engine:
+    # One progress bar for the whole job (the engine's own bar would restart at every save batch).
+    with MemoryEngine(config, embedder=embedder) as engine, \
+            tqdm(total=len(dataset.docs), desc=f"indexing {dataset.name}", unit="doc") as bar:
         for session, docs in by_session.items():
             for start in range(0, len(docs), config.max_batch_size):
                 batch = docs[start:start + config.max_batch_size]
@@ -125,41 +166,143 @@ def _build_index(dataset: EvalDataset, embedder: CachedEmbedder, path: Path) -> 
                     skipped += 1
                     if "duplicate_of" in item:
                         doc_ids.setdefault(item["duplicate_of"], []).append(batch[item["index"]].id)
+                bar.update(len(batch))
+        seconds = time.perf_counter() - started
         session_tokens = {s["session_id"]: s["tokens"] for s in engine.sessions()}
-    seconds = time.perf_counter() - started
+        naive = {}
+        for qid in dataset.judged:
+            if dataset.naive_dump == "session":
+                naive[qid] = session_tokens[dataset.query_sessions[qid]]
+            else:  # BM25's top 10 in full: one fixed baseline for every config of this dataset
+                session = dataset.query_sessions[qid] if dataset.query_sessions else None
+                naive[qid] = engine.recall(dataset.queries[qid], session_id=session, dense_weight=0.0, top_k=NAIVE_TOP,
+                                           max_tokens=UNLIMITED_TOKENS)["total_tokens"]
     return {
-        "index_seconds": seconds, "docs": len(dataset.docs), "memories": len(doc_ids), "skipped": skipped,
-        "embedded": embedder.computed - computed_before, "session_tokens": session_tokens,
+        "build_seconds": seconds, "docs": len(dataset.docs), "memories": len(doc_ids), "skipped": skipped,
+        "embedded": embedder.computed - computed_before, "naive_tokens": naive,
         "doc_ids": {str(k): v for k, v in doc_ids.items()},
     }
 
 
-def _recall_all(engine: MemoryEngine, dataset: EvalDataset, embedder: CachedEmbedder, doc_ids: dict, session_tokens: dict,
-                r: DictConfig, max_tokens: int) -> list[dict]:
+def _recall_kwargs(r: DictConfig) -> dict:
+    return {"dense_weight": float(r.dense_weight), "rrf_k": float(r.rrf_k), "candidates": int(r.candidates),
+            **_overrides(r.get("kwargs"))}
+
+
+def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, naive: dict, r: DictConfig, max_tokens: int) -> list[dict]:
     run: dict[str, dict[str, float]] = {}
     rows: list[dict] = []
-    kwargs = {"dense_weight": float(r.dense_weight), "rrf_k": float(r.rrf_k), "candidates": int(r.candidates)}
+    kwargs = _recall_kwargs(r)
+    # The ranking is as deep as the configured candidate lists allow (at most 100): a shallower
+    # candidates setting changes what is fused, so it changes nDCG/R, as it does in production.
+    depth = min(RANKING_DEPTH, int(r.candidates))
+    tune, test = set(dataset.split_ids(dataset.tune_split)), set(dataset.split_ids(dataset.test_split))
     for qid in dataset.judged:
+        if qid not in tune and qid not in test:
+            continue
         text = dataset.queries[qid]
         session = dataset.query_sessions[qid] if dataset.query_sessions else None
-        # What the agent gets: the configured top_k within the budget. Timed, query embedding included.
-        embedder.take_replayed_ms()
-        started = time.perf_counter()
         answer = engine.recall(text, session_id=session, max_tokens=max_tokens, top_k=int(r.top_k), **kwargs)
-        latency = (time.perf_counter() - started) * 1000 + embedder.take_replayed_ms()
-        # The full top-100 ranking, for nDCG/R/MRR and the naive "paste the top 100" dump.
-        ranking = engine.recall(text, session_id=session, max_tokens=UNLIMITED_TOKENS, top_k=RANKING_DEPTH, **kwargs)
+        ranking = engine.recall(text, session_id=session, max_tokens=UNLIMITED_TOKENS, top_k=depth, **kwargs)
         n = len(ranking["memories"])
         run[qid] = {d: float(n - i) for i, m in enumerate(ranking["memories"]) for d in doc_ids[str(m["id"])]}
         seen = [d for m in answer["memories"] for d in doc_ids[str(m["id"])]]
-        naive = session_tokens[session] if dataset.naive_dump == "session" else ranking["total_tokens"]
-        rows.append({"query_id": qid, "latency_ms": latency, "tokens_returned": answer["total_tokens"],
-                     "tokens_naive": naive, "memories_returned": len(answer["memories"]),
-                     "budget_recall": recall_within(seen, dataset.qrels[qid])})
-    quality = per_query_quality({q: dataset.qrels[q] for q in dataset.judged}, run)
+        top = [d for m in ranking["memories"][:10] for d in doc_ids[str(m["id"])]]
+        rows.append({"query_id": qid, "tune": qid in tune, "test": qid in test, "session": session,
+                     **dataset.query_info.get(qid, {}),
+                     "tokens_returned": answer["total_tokens"], "tokens_naive": naive[qid],
+                     "memories_returned": len(answer["memories"]), "budget_recall": recall_within(seen, dataset.qrels[qid]),
+                     "retrieved": ";".join(top), "relevant": ";".join(d for d, g in dataset.qrels[qid].items() if g > 0)})
+    quality = per_query_quality({q["query_id"]: dataset.qrels[q["query_id"]] for q in rows}, run)
     for row in rows:
         row.update(quality[row["query_id"]])
     return rows
+
+
+def _timing_pass(cfg: DictConfig, dataset: EvalDataset, db: Path, engine_settings: dict, models_dir: Path, base: Path,
+                 max_tokens: int) -> tuple[dict[str, float], int]:
+    """Live latencies of the test split's first ``latency.queries`` queries, after a warm-up on others."""
+    test = dataset.split_ids(dataset.test_split)
+    sample = test[: int(cfg.latency.queries)]
+    others = [q for q in dataset.judged if q not in set(sample)] or sample
+    warmup = others[: int(cfg.latency.warmup)]
+
+    def pairs(ids):
+        return [(dataset.queries[q], dataset.query_sessions[q] if dataset.query_sessions else None) for q in ids]
+
+    r = cfg.retrieval
+    kwargs = {"max_tokens": max_tokens, "top_k": int(r.top_k), **_recall_kwargs(r)}
+    embedder = live_embedder(cfg.embedder, models_dir, base)
+    with MemoryEngine(TinyContextConfig(memory_db_path=db, **engine_settings), embedder=embedder) as engine:
+        ms = recall_latencies(engine, pairs(sample), pairs(warmup), kwargs)
+    return dict(zip(sample, ms)), len(sample)
+
+
+def _probe(cfg: DictConfig, dataset: EvalDataset, spec: str, models_dir: Path, index_overrides: dict) -> dict:
+    n = int(cfg.latency.index_sample)
+    request = {"model": spec, "models_dir": str(models_dir), **_embedder_args(cfg.embedder), "engine": index_overrides,
+               "docs": [{"text": d.text, "session": d.session} for d in dataset.docs[: n + 8]],
+               "queries": [{"text": dataset.queries[q], "session": dataset.query_sessions[q] if dataset.query_sessions else None}
+                           for q in dataset.judged[:5] if not dataset.query_sessions
+                           or dataset.query_sessions[q] in {d.session for d in dataset.docs[: n + 8]}]}
+    key = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+    if key not in _probes:
+        _probes[key] = probe(request)
+    return _probes[key]
+
+
+def is_default(cfg: DictConfig, engine_settings: dict) -> bool:
+    """Whether this config is what ships: the engine's own defaults, built-in model, no overrides."""
+    d = TinyContextConfig()
+    r = cfg.retrieval
+    return (float(r.dense_weight) == d.recall_dense_weight and float(r.rrf_k) == d.recall_rrf_k
+            and int(r.top_k) == d.recall_top_k and int(r.candidates) == d.recall_candidates
+            and int(cfg.budget.max_tokens) == d.recall_max_tokens and not _overrides(r.get("kwargs"))
+            and str(cfg.embedder.model) == d.embedding_model and not cfg.embedder.pooling
+            and not cfg.embedder.query_prefix and not cfg.embedder.document_prefix
+            and all(getattr(d, k) == v for k, v in engine_settings.items()))
+
+
+def job_key(cfg: DictConfig, dataset: EvalDataset, vectors: str) -> str:
+    """What a result depends on: the config (not where files live), the data and its loader code, the
+    vectors (model file, pooling, embedding code, onnxruntime) and the engine and harness source."""
+    config = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_KEY}
+    config["dataset"] = {k: v for k, v in config["dataset"].items() if k not in ("path", "cache_dir")}
+    config["embedder"] = {k: v for k, v in config["embedder"].items() if k != "model"}
+    parts = {"config": config, "dataset": [dataset.fingerprint, dataset.info.get("loader_code")], "vectors": vectors,
+             "engine": engine_source(), "harness": harness_source()}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _flat(prefix: str, values: dict) -> dict:
+    return {f"{prefix}.{k}": v for k, v in values.items()}
+
+
+def _split_summary(per_query: pd.DataFrame, prefix: str) -> dict:
+    out = {}
+    for name in QUALITY:
+        out.update({f"{prefix}{k}": v for k, v in summary(per_query[name].to_numpy(), name).items()})
+    return out
+
+
+def _category_summary(test: pd.DataFrame) -> dict:
+    out = {}
+    if "category" not in test:
+        return out
+    for category, part in test.groupby("category"):
+        out[f"cat{category}_queries"] = len(part)
+        for name in CATEGORY_METRICS:
+            out.update({f"cat{category}_{k}": v for k, v in summary(part[name].to_numpy(), name).items()})
+    return out
+
+
+def write_outputs(output_dir: Path, record: dict, per_query: pd.DataFrame) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in (("per_query.csv", per_query.to_csv(index=False)),
+                       ("result.json", json.dumps(record, indent=2, default=str))):
+        tmp = output_dir / f".{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, output_dir / name)  # atomic: a shared sweep dir never shows half a file
 
 
 def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = ()) -> dict:
@@ -168,42 +311,72 @@ def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = ()) -> 
     base = Path(cfg.base_dir).expanduser().resolve()
     cache_dir = (base / Path(cfg.cache_dir).expanduser()).resolve()
     models_dir = (base / Path(cfg.models_dir).expanduser()).resolve()
-    with PeakRSS() as rss:
-        dataset = get_dataset(cfg.dataset, base)
+    store_path = (base / Path(cfg.results_store).expanduser()).resolve()
+    index_overrides, recall_overrides = _overrides(cfg.engine.index), _overrides(cfg.engine.recall)
+    engine_settings = {**index_overrides, **recall_overrides}
+    spec = resolve_model_spec(str(cfg.embedder.model), base)
+    dataset = get_dataset(cfg.dataset, base)
+    bundle = resolve_model(spec, models_dir)
+    key = job_key(cfg, dataset, model_key(bundle, cfg.embedder.pooling or None))
+
+    with ResultsStore(store_path) as store:
+        if not cfg.get("force") and (hit := store.find(key)) is not None:
+            record, per_query = hit
+            record["reused_run"] = {"run_id": record["run_id"], "finished_at": record["finished_at"]}
+            record["row"]["overrides"] = " ".join(overrides)
+            write_outputs(output_dir, record, per_query)
+            log.info("job %s already finished (run %s, %s): reused; force=true runs it again", key, record["run_id"],
+                     record["finished_at"])
+            return record
+
+    r, max_tokens = cfg.retrieval, int(cfg.budget.max_tokens)
+    with computing(cache_dir):
         embedder = get_embedder(cfg.embedder, models_dir, cache_dir, base)
-        db, index = ensure_index(dataset, embedder, cache_dir)
-        r, max_tokens = cfg.retrieval, int(cfg.budget.max_tokens)
-        with MemoryEngine(TinyContextConfig(memory_db_path=db), embedder=embedder) as engine:
-            rows = _recall_all(engine, dataset, embedder, index["doc_ids"], index["session_tokens"], r, max_tokens)
-    per_query = pd.DataFrame(rows, columns=["query_id", "latency_ms", "tokens_returned", "tokens_naive", "memories_returned",
-                                            "budget_recall", *MEASURES])
-    bundle = embedder.bundle
+        computed, hits = embedder.computed, embedder.hits  # the embedder outlives jobs: count this one's only
+        db, index = ensure_index(dataset, embedder, cache_dir, index_overrides)
+        with MemoryEngine(TinyContextConfig(memory_db_path=db, **engine_settings), embedder=embedder) as engine:
+            rows = _quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, max_tokens)
+    with timing_alone(cache_dir):
+        latencies, timed = _timing_pass(cfg, dataset, db, engine_settings, models_dir, base, max_tokens)
+        cost = _probe(cfg, dataset, spec, models_dir, index_overrides)
+        load_at_timing = [round(x, 2) for x in os.getloadavg()]
+
+    per_query = pd.DataFrame(rows)
+    per_query.insert(3, "latency_ms", per_query["query_id"].map(latencies))
+    tune, test = per_query[per_query["tune"]], per_query[per_query["test"]]
+    inner = embedder.inner
     row = {
-        "dataset": dataset.name, "embedder": cfg.embedder.name, "model": bundle.name, "pooling": embedder.inner.pooling,
-        "model_pooling": bundle.pooling, "query_prefix": embedder.inner.query_prefix,
-        "document_prefix": embedder.inner.document_prefix, "dense_weight": float(r.dense_weight), "rrf_k": float(r.rrf_k),
-        "top_k": int(r.top_k), "candidates": int(r.candidates), "max_tokens": max_tokens,
-        **mean_quality({q["query_id"]: q for q in rows}),
-        "budget_recall": float(per_query["budget_recall"].mean()) if rows else 0.0,
-        **token_summary(per_query["tokens_returned"].tolist(), per_query["tokens_naive"].tolist()),
-        "index_seconds": index["index_seconds"], "index_docs_per_s": index["docs"] / max(index["index_seconds"], 1e-9),
-        "index_reused": index["reused"], "index_embedded": index["embedded"],
-        **latency_summary(per_query["latency_ms"].tolist()),
-        "peak_rss_mb": rss.peak_mb, "model_mb": bundle.model_file.stat().st_size / 2**20,
-        "queries": len(rows), "docs": index["docs"], "memories": index["memories"],
-        "embedding_model": resolve_model_spec(str(cfg.embedder.model), base),
-        "overrides": " ".join(overrides),
+        "dataset": dataset.name, "embedder": cfg.embedder.name, "model": bundle.name, "pooling": inner.pooling,
+        "model_pooling": bundle.pooling, "query_prefix": inner.query_prefix, "document_prefix": inner.document_prefix,
+        "dense_weight": float(r.dense_weight), "rrf_k": float(r.rrf_k), "top_k": int(r.top_k), "candidates": int(r.candidates),
+        "max_tokens": max_tokens, **_flat("engine", engine_settings), **_flat("recall", _overrides(r.get("kwargs"))),
+        "is_default": is_default(cfg, engine_settings),
+        "tune_split": dataset.tune_split, "test_split": dataset.test_split, "cross_validate": dataset.cross_validate,
+        **_split_summary(test, ""), **_split_summary(tune, "tune_"),
+        **token_summary(test["tokens_returned"].tolist(), test["tokens_naive"].tolist()),
+        **latency_summary(list(latencies.values())), "latency_queries": timed,
+        **cost, "model_mb": bundle.model_file.stat().st_size / 2**20,
+        "index_build_seconds": index["build_seconds"], "index_reused": index["reused"], "index_embedded": index["embedded"],
+        **_category_summary(test),
+        "queries_tune": len(tune), "queries_test": len(test), "docs": index["docs"], "memories": index["memories"],
+        "embedding_model": spec, "overrides": " ".join(overrides),
     }
     row["run_seconds"] = time.perf_counter() - started
+    env = environment()
+    env["load_average_at_timing"] = load_at_timing
     record = {
+        "run_id": uuid.uuid4().hex, "job_key": key, "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "row": row,
         "config": OmegaConf.to_container(cfg, resolve=True),
-        "dataset": {"name": dataset.name, "fingerprint": dataset.fingerprint, **dataset.info},
-        "model": {"identity": embedder.identity, "sha256": bundle.sha256, "path": str(bundle.path), "vector_key": embedder.key},
-        "embedding_cache": {"computed": embedder.computed, "hits": embedder.hits},
-        "environment": environment(),
+        "dataset": {"name": dataset.name, "fingerprint": dataset.fingerprint, **dataset.info,
+                    "tune_split": dataset.tune_split, "test_split": dataset.test_split, "cross_validate": dataset.cross_validate},
+        "model": {"identity": embedder.identity, "sha256": file_sha256(bundle.model_file), "path": str(bundle.path),
+                  "vector_key": embedder.key},
+        "embedding_cache": {"computed": embedder.computed - computed, "hits": embedder.hits - hits},
+        "manifest": {"git": git_state(), "code": {"engine": engine_source(), "harness": harness_source()},
+                     "host": socket.gethostname(), **env},
     }
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "result.json").write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
-    per_query.to_csv(output_dir / "per_query.csv", index=False)
+    write_outputs(output_dir, record, per_query)
+    with ResultsStore(store_path) as store:
+        store.append(record, per_query)
     return record

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install TinyContext with every extra (eval harness, notebooks, HTTP, browser, tests).
+# Create .venv and install TinyContext with every extra (eval harness, notebooks + JupyterLab, distributed
+# sweeps (submitit, Ray), HTTP, browser, tests).
 # Needs only python3 >= 3.11 and access to PyPI; models, tokenizer and test data are bundled or in ../shared.
 # The browser tools drive the system Chromium: as root on Debian/Ubuntu it is installed here when missing.
 set -euo pipefail

@@ -8,25 +8,31 @@ import json
 import pytest
 
 from evals.datasets import load_beir, load_hf_beir, load_locomo, load_tiny
-from tinycontext.errors import ConfigError, MissingExtraError
+from tinycontext import ConfigError, MissingExtraError
 
 
 def test_tiny_dataset_is_complete():
     ds = load_tiny()
-    assert (len(ds.docs), len(ds.queries), len(ds.judged)) == (30, 10, 10)
+    assert (len(ds.docs), len(ds.queries), len(ds.judged)) == (30, 18, 18)
     ids = {d.id for d in ds.docs}
     assert all(set(rels) <= ids for rels in ds.qrels.values())
-    assert ds.naive_dump == "top100" and ds.query_sessions is None and len(ds.fingerprint) == 64
+    assert ds.naive_dump == "top10" and ds.query_sessions is None and len(ds.fingerprint) == 64
+    # Tuned on train, reported on test: disjoint query sets.
+    assert (ds.tune_split, ds.test_split) == ("train", "test")
+    assert len(ds.split_ids("train")) == 8 and len(ds.split_ids("test")) == 10
+    assert not set(ds.split_ids("train")) & set(ds.split_ids("test"))
 
 
 def write_beir(folder, header=True):
     (folder / "qrels").mkdir(parents=True)
+    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n3\ta\t1\n", encoding="utf-8")
     (folder / "corpus.jsonl").write_text(
         json.dumps({"_id": "a", "title": "Title A", "text": "Body A."}) + "\n"
         + json.dumps({"_id": "b", "title": "", "text": "Body B."}) + "\n"
         + json.dumps({"_id": "c", "title": "", "text": "  "}) + "\n", encoding="utf-8")
     (folder / "queries.jsonl").write_text(
-        json.dumps({"_id": "1", "text": "first?"}) + "\n" + json.dumps({"_id": "2", "text": "second?"}) + "\n", encoding="utf-8")
+        json.dumps({"_id": "1", "text": "first?"}) + "\n" + json.dumps({"_id": "2", "text": "second?"}) + "\n"
+        + json.dumps({"_id": "3", "text": "third?"}) + "\n", encoding="utf-8")
     lines = ["query-id\tcorpus-id\tscore"] if header else []
     (folder / "qrels" / "test.tsv").write_text("\n".join([*lines, "1\ta\t2", "1\tb\t0", "2\tb\t1"]) + "\n", encoding="utf-8")
 
@@ -37,8 +43,11 @@ def test_beir_folder(tmp_path, header):
     ds = load_beir(tmp_path / "mini")
     assert ds.name == "mini"
     assert [(d.id, d.text) for d in ds.docs] == [("a", "Title A\nBody A."), ("b", "Body B.")]  # empty doc dropped
-    assert ds.qrels == {"1": {"a": 2, "b": 0}, "2": {"b": 1}}
-    assert ds.judged == ["1", "2"]
+    assert ds.qrels == {"1": {"a": 2, "b": 0}, "2": {"b": 1}, "3": {"a": 1}}
+    assert ds.judged == ["1", "2", "3"]
+    assert ds.split_ids("test") == ["1", "2"] and ds.split_ids("train") == ["3"]
+    same = load_beir(tmp_path / "mini", tune_split="test")  # a dataset without a tuning split says so
+    assert same.split_ids(same.tune_split) == same.split_ids(same.test_split) == ["1", "2"]
 
 
 def test_beir_fingerprint_follows_content(tmp_path):
@@ -50,8 +59,8 @@ def test_beir_fingerprint_follows_content(tmp_path):
 
 
 def test_beir_missing_files_say_what_to_pass(tmp_path):
-    with pytest.raises(ConfigError, match="dataset.path="):
-        load_beir(tmp_path, split="dev")
+    with pytest.raises(ConfigError, match="dataset.tune_split="):
+        load_beir(tmp_path, tune_split="dev")
 
 
 def test_locomo(tmp_path):
@@ -79,6 +88,9 @@ def test_locomo(tmp_path):
     assert ds.queries == {"conv-1:q0": "What pet?", "conv-1:q1": "Name?"}
     assert ds.qrels["conv-1:q1"] == {"conv-1:D1:1": 1, "conv-1:D2:1": 1}  # packed ids split, unknown D9:9 dropped
     assert ds.query_sessions == {"conv-1:q0": "conv-1", "conv-1:q1": "conv-1"} and ds.naive_dump == "session"
+    assert ds.query_info == {"conv-1:q0": {"category": 1}, "conv-1:q1": {"category": 4}}
+    # Only dev conversations ship: tuned on them, test estimated by cross-validation over conversations.
+    assert ds.tune_split == ds.test_split == "dev" and ds.cross_validate == "session"
     assert set(load_locomo(file, categories=[5]).queries) == {"conv-1:q3"}
 
 

@@ -1,6 +1,7 @@
 """TinyContext: token-light local memory for AI agents (SQLite FTS5 + sqlite-vec, fused by RRF)."""
 
 from .config import TinyContextConfig, load_config
+from .embeddings import Embedder
 from .engine import (
     MemoryEngine,
     MemoryInput,
@@ -26,6 +27,7 @@ from .errors import (
     StorageError,
     TinyContextError,
 )
+from .model_hub import resolve_model
 
 __version__ = "0.1.0"
 
@@ -34,5 +36,5 @@ __all__ = [
     "update_memory", "delete_memory", "get_memory", "close_engines",
     "TinyContextError", "InvalidInputError", "EmptyMemoryError", "RecallBudgetError", "SessionNotFoundError",
     "MemoryNotFoundError", "ModelMismatchError", "ModelUnavailableError", "ConfigError", "ConflictError", "StorageError",
-    "MissingExtraError", "__version__",
+    "MissingExtraError", "Embedder", "resolve_model", "__version__",
 ]

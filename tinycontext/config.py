@@ -54,6 +54,8 @@ class TinyContextConfig(BaseModel):
     recall_dense_weight: float = Field(0.5, ge=0.0, le=1.0)
     # k=10 beat the customary 60 on SciFact train (0.727 vs 0.718 nDCG@10) and LoCoMo (R@10 0.65 vs 0.60).
     recall_rrf_k: float = Field(10, gt=0)
+    # Rows BM25 may score per recall: the query's commonest words are dropped past it (0: no bound).
+    recall_fts_budget: int = Field(30_000, ge=0)
     # Conversations (tinycontext/conversation.py): a turn gains weight / (3 + its episode's rank), a
     # share of the score of the turn before/after it, and x(1 + boost) when the query names its speaker.
     # 0 turns a signal off. Chosen on LoCoMo dev with leave-one-conversation-out checks (notes/locomo.md).
@@ -152,6 +154,8 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
             raise ConfigError(f"Cannot read config file {file}: {exc}. Fix the JSON or point {CONFIG_PATH_ENV} elsewhere.") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"Config file {file} must hold a JSON object of settings.")
+        # Not a setting: what produced the file (tinycontext-eval recommend records its scores there).
+        data.pop("provenance", None)
         for key in ("memory_db_path", "models_dir"):
             if isinstance(data.get(key), str) and not Path(data[key]).expanduser().is_absolute():
                 data[key] = str((file.parent / data[key]).resolve())

@@ -37,7 +37,8 @@ from . import browse
 from .filters import Filters, expiry, parse_filters
 from .model_hub import resolve_model
 from .render import Page, check_agent_budget, check_detail, recall_page
-from .retrieval import fts_query, fuse
+from .fts_budget import bounded_match
+from .retrieval import fuse
 from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory
 from .vector_index import VectorIndex
 
@@ -500,7 +501,7 @@ class MemoryEngine:
         return sql, params
 
     def _bm25(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None) -> list[tuple[int, float]]:
-        match = fts_query(query)
+        match = bounded_match(self.store, query, self.config.recall_fts_budget)
         if match is None:
             return []
         if session is not None and self.store.read("SELECT min(id) = max(id) AND min(id) = ? FROM sessions", (session,))[0][0]:

@@ -21,6 +21,15 @@ def fts_query(text: str) -> str | None:
     quotes, parentheses) is searched for, never interpreted. English stopwords are left out unless
     the query has nothing else. Returns None when no word is left.
     """
+    return match_expression(query_terms(text))
+
+
+def match_expression(terms: list[str]) -> str | None:
+    return " OR ".join(f'"{t}"' for t in terms) if terms else None
+
+
+def query_terms(text: str) -> list[str]:
+    """The words :func:`fts_query` searches for, in query order."""
     words = _WORD.findall(text.replace("\x00", " "))
     content_words = [w for w in words if w.lower() not in STOPWORDS]
     terms: list[str] = []
@@ -32,9 +41,7 @@ def fts_query(text: str) -> str | None:
             terms.append(term)
         if len(terms) >= MAX_QUERY_TERMS:
             break
-    if not terms:
-        return None
-    return " OR ".join(f'"{t}"' for t in terms)
+    return terms
 
 
 @dataclass

@@ -111,8 +111,9 @@ class _Block:
 
 
 class _QuantBlock:
-    """A session held quantised: sign bits (after subtracting a fixed centre, which spreads the
-    bits of embeddings that share a common direction) and int8 codes with one scale per row."""
+    """A session held quantised: sign bits and int8 codes (one scale per row) of each vector's
+    offset from a fixed centre (the mean of the first rows loaded): embeddings share a common
+    direction, so the offsets spread the bits and are smaller, which makes the int8 steps finer."""
 
     quantized = True
 
@@ -136,8 +137,9 @@ class _QuantBlock:
             bits = np.concatenate([bits, np.zeros(bits.shape[:-1] + (pad,), np.uint8)], axis=-1)
         return np.ascontiguousarray(bits).view(np.uint64)
 
-    @staticmethod
-    def _quantise(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _quantise(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # Codes of the offset from the centre: smaller values, so finer int8 steps.
+        rows = rows - self.center
         scales = np.abs(rows).max(axis=1) / 127.0
         codes = np.rint(np.divide(rows, scales[:, None], out=np.zeros_like(rows), where=scales[:, None] > 0))
         return codes.astype(np.int8), scales.astype(np.float32)
@@ -177,7 +179,7 @@ class _QuantBlock:
 
     def scores(self, query: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Cosine with the unit ``query`` from the int8 codes of the rows at ``positions``."""
-        return (self._codes[positions].astype(np.float32) @ query) * self._scales[positions]
+        return (self._codes[positions].astype(np.float32) @ query) * self._scales[positions] + float(self.center @ query)
 
     def candidates(self, query: np.ndarray, count: int, mask: np.ndarray | None) -> np.ndarray:
         """Row positions of about ``count`` rows most similar to the unit ``query`` by their int8

@@ -1,0 +1,125 @@
+"""Costs are measured live and caches cannot go stale: a slower query embedder shows in the latency
+even when every vector is cached; a changed loader text function misses every cache and scores
+differently; timing passes exclude computing jobs."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import evals.run  # noqa: F401  (registers the tc_default resolver)
+from evals.runner import run_config
+from evals.timing import LOCK_FILE, computing, timing_alone
+from tinycontext import Embedder
+
+REPO = Path(__file__).resolve().parents[1]
+SLOW_MS = 40.0
+
+
+def compose_run(cache: Path, *overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=[f"cache_dir={cache}", f"base_dir={REPO}", "latency.queries=6",
+                                            "latency.warmup=2", "latency.index_sample=10", *overrides])
+
+
+def test_latency_comes_from_live_recalls_not_the_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    first = run_config(compose_run(cache), tmp_path / "first")
+    assert first["embedding_cache"]["computed"] > 0
+    # Every vector is now cached. Make the real query embedder slow: only a live measurement sees it.
+    real_embed = Embedder.embed
+
+    def slow_embed(self, texts, kind, **kwargs):
+        if kind == "query":
+            time.sleep(SLOW_MS / 1000)
+        return real_embed(self, texts, kind, **kwargs)
+
+    monkeypatch.setattr(Embedder, "embed", slow_embed)
+    again = run_config(compose_run(cache, "force=true"), tmp_path / "again")
+    assert again["embedding_cache"]["computed"] == 0  # the quality pass took every vector from the cache
+    assert again["row"]["recall_p50_ms"] >= SLOW_MS and again["row"]["recall_p99_ms"] >= SLOW_MS
+    for metric in ("ndcg@10", "tune_ndcg@10", "recall@10", "budget_recall", "tokens_returned"):
+        assert again["row"][metric] == first["row"][metric]
+    # The vector cache holds vectors only: no stored timing that could be replayed.
+    (db,) = (cache / "embeddings").glob("*.sqlite")
+    with sqlite3.connect(db) as conn:
+        assert [c[1] for c in conn.execute("PRAGMA table_info(vectors)")] == ["key", "vector"]
+
+
+LOADER = '''
+from evals.datasets import load_tiny
+
+
+def doc_text(text: str) -> str:
+    return {body}
+
+
+def load(tune_split="train", test_split="test", name="tiny"):
+    dataset = load_tiny(tune_split=tune_split, test_split=test_split, name=name)
+    for doc in dataset.docs:
+        doc.text = doc_text(doc.text)
+    return dataset
+'''
+
+
+def test_changing_a_loader_text_function_misses_every_cache(tmp_path):
+    package = tmp_path / "loaders"
+    package.mkdir()
+    module = package / "tc_custom_loader.py"
+    cache = tmp_path / "cache"
+
+    def run(body: str, out: Path) -> tuple[dict, str]:
+        module.write_text(LOADER.format(body=body), encoding="utf-8")
+        result = subprocess.run(
+            [sys.executable, "-m", "evals.run", "dataset._target_=tc_custom_loader.load", "latency.queries=3",
+             "latency.warmup=1", "latency.index_sample=10", f"hydra.run.dir={out}"],
+            cwd=REPO, capture_output=True, text=True, timeout=600,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(package), os.environ.get("PYTHONPATH", "")]),
+                 "TINYCONTEXT_EVAL_CACHE": str(cache)})
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads((out / "result.json").read_text()), result.stdout + result.stderr
+
+    full, _ = run("text", tmp_path / "full")
+    same, log = run("text", tmp_path / "same")
+    assert "already finished" in log and same["row"]["ndcg@10"] == full["row"]["ndcg@10"]
+    # Only the first word of each document is kept: the old index and results must not be reused.
+    cut, log = run("text.split()[0]", tmp_path / "cut")
+    assert "already finished" not in log and not cut["row"]["index_reused"]
+    assert cut["job_key"] != full["job_key"] and len(list((cache / "indexes").glob("*.db"))) == 2
+    assert cut["row"]["ndcg@10"] < full["row"]["ndcg@10"]
+
+
+def test_timing_pass_runs_alone(tmp_path):
+    try_exclusive = ("import fcntl, sys\nf = open(sys.argv[1], 'a+')\n"
+                     "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(3)\n")
+    try_shared = try_exclusive.replace("LOCK_EX", "LOCK_SH")
+
+    def other_job(code: str) -> int:
+        return subprocess.run([sys.executable, "-c", code, str(tmp_path / LOCK_FILE)], timeout=60).returncode
+
+    with computing(tmp_path):
+        assert other_job(try_shared) == 0  # computing jobs run side by side
+        assert other_job(try_exclusive) == 3  # but nobody times while one computes
+    with timing_alone(tmp_path):
+        assert other_job(try_shared) == 3 and other_job(try_exclusive) == 3
+    assert other_job(try_exclusive) == 0
+    with open(tmp_path / LOCK_FILE, "a+") as fh:  # released: this process can take it too
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_hydra():
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    yield
+    GlobalHydra.instance().clear()

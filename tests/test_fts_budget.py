@@ -1,0 +1,43 @@
+"""Bounded BM25 work (tinycontext/fts_budget.py): the commonest query words are dropped only when
+the rows to score exceed the budget; otherwise the query is fts_query's."""
+
+from __future__ import annotations
+
+from conftest import HashEmbedder
+
+from tinycontext import MemoryEngine, TinyContextConfig
+from tinycontext.fts_budget import bounded_match
+from tinycontext.retrieval import fts_query
+
+
+def _engine(tmp_path, budget: int) -> MemoryEngine:
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", recall_fts_budget=budget)
+    engine = MemoryEngine(config, embedder=HashEmbedder())
+    # 60 memories: "common" in all, "usual" in 30, "middling" in 10, "rare" in 2.
+    engine.save([" ".join(["common", f"note{i}"] + ["usual"] * (i % 2 == 0) + ["middling"] * (i % 6 == 0) + ["rare"] * (i in (5, 7)))
+                 for i in range(60)], session_id="s")
+    return engine
+
+
+def test_commonest_words_dropped_past_the_budget(tmp_path):
+    with _engine(tmp_path, 20) as engine:
+        query = "rare common middling usual"
+        assert bounded_match(engine.store, query, 20) == '"rare" OR "middling"'  # 2 + 10 rows; 30 and 60 dropped
+        assert bounded_match(engine.store, query, 45) == '"rare" OR "middling" OR "usual"'
+        assert bounded_match(engine.store, query, 1000) == fts_query(query)  # fewer memories than the budget
+        assert bounded_match(engine.store, query, 0) == fts_query(query)  # no bound
+        assert bounded_match(engine.store, "common usual", 5) == '"usual"'  # the rarest word always stays
+        assert bounded_match(engine.store, "common", 5) == '"common"'
+        assert bounded_match(engine.store, "the of", 5) == fts_query("the of")
+        hits = engine._bm25(query, "s", [], 100)
+        contents = [engine.get(i)["content"] for i, _ in hits]
+        assert len(hits) == 12 and all("middling" in c or "rare" in c for c in contents)
+
+
+def test_under_the_budget_recall_is_unchanged(tmp_path):
+    with _engine(tmp_path, 100) as bounded:
+        query = "rare common middling usual"
+        unbounded = MemoryEngine(bounded.config.model_copy(update={"recall_fts_budget": 0}), embedder=HashEmbedder())
+        with unbounded:
+            assert bounded._bm25(query, "s", [], 100) == unbounded._bm25(query, "s", [], 100)
+            assert bounded.recall(query, session_id="s")["memories"] == unbounded.recall(query, session_id="s")["memories"]
