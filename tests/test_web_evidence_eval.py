@@ -1,14 +1,18 @@
-"""The web-evidence experiment on a few questions: pages build, extraction keeps every evidence
+"""The web-evidence experiment (scripts/web_evidence.py) on a few questions: pages build, extraction keeps every evidence
 unit of the whole page, budgets hold, and more budget never loses evidence on average."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import HashEmbedder
-from evals.web_evidence import PageServer, evaluate, evidence_recall, locomo_site, scifact_site, summarise
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from web_evidence import PageServer, evaluate, evidence_recall, locomo_site, scifact_site, summarise
 from tinycontext import TinyContextConfig
 
 

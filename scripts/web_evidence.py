@@ -14,8 +14,10 @@ the shared budget renderer):
 Evidence recall of an answer = the share of gold units whose text appears in what the agent
 receives. Compared: our answer at each budget, the whole extracted page, and its first 5,000
 characters (what the reference fetch MCP server returns by default). Tokens are those of the text
-the agent reads. ``python -m evals.web_evidence [overrides]`` writes results.csv, per_query.csv,
-report.md and plots/web_evidence.png to the Hydra output directory.
+the agent reads. ``python scripts/web_evidence.py [overrides]`` (Hydra config ``conf/web_evidence.yaml``)
+writes results.csv, per_query.csv, report.md and plots/web_evidence.png to the Hydra output directory.
+It lives in scripts/ because it drives tinycontext.web's internals (fetch, rank, fit) separately,
+which the harness in evals/ (public API only) does not.
 """
 
 from __future__ import annotations
@@ -46,11 +48,11 @@ from tinycontext.web.fetch import HttpFetcher
 from tinycontext.web.present import scrape_page
 from tinycontext.web.scrape import ScrapeItem, afetch_and_rank, embedder_for
 
-from . import run as _harness  # noqa: F401  (registers the ${tc_default:...} config resolver)
-from .datasets import locomo_turn_text
-from .report import _markdown as markdown_table
+from evals import run as _harness  # noqa: F401  (registers the ${tc_default:...} config resolver)
+from evals.datasets import locomo_turn_text
+from evals.report import _markdown as markdown_table
 
-log = logging.getLogger("evals.web_evidence")
+log = logging.getLogger("web_evidence")
 _NORM = re.compile(r"[\W_]+", re.UNICODE)
 FETCH_BASELINE_CHARS = 5000
 
