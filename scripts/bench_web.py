@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from web_evidence import PageServer, locomo_site  # noqa: E402
 from tinycontext import TinyContextConfig  # noqa: E402
-from tinycontext.engine import build_embedder  # noqa: E402
+from tinycontext.embedders import create_embedder  # noqa: E402
 from tinycontext.web import ascrape_urls  # noqa: E402
 
 QUERIES = {"news": "How much will the tram line cost and who pays?", "docs": "How long does it wait between retries?",
@@ -50,7 +50,7 @@ def main() -> None:
                     + [{"url": server.base_url + q.url_path, "query": q.query} for q in (locomo.questions[0], locomo.questions[-1])]}
         for name, items in sets.items():
             for _ in range(args.runs):
-                embedder = build_embedder(config)  # fresh cache: cold
+                embedder = create_embedder(config)  # fresh cache: cold
                 for label, run_items, emb in (("cold", items, embedder), ("warm", items, embedder),
                                               ("no query", [{"url": i["url"]} for i in items], embedder)):
                     started = time.perf_counter()

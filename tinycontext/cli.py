@@ -19,7 +19,7 @@ from io import TextIOWrapper
 from . import __version__
 from .config import TinyContextConfig, load_config
 from .engine import MemoryEngine
-from .errors import InvalidInputError, TinyContextError
+from .errors import InvalidInputError, ModelUnavailableError, TinyContextError
 from .render import DETAILS, memory_block, to_json
 
 
@@ -374,6 +374,8 @@ def stats(args):
 @command("reindex", "re-embed every memory with the configured embedding model", add_json)
 def reindex(args):
     with open_engine(args, reindex="auto") as engine:
+        if engine.embedder is None:
+            raise ModelUnavailableError(f"Nothing to re-embed with: {engine.keyword_reason}. Configure an embedding model first.")
         result = {"reindexed": engine.reindexed, "embedder": engine.embedder.identity}
     model = result["embedder"]["model"]
     text = f"Re-embedded {result['reindexed']} memories with {model}." if result["reindexed"] else f"Vectors already match {model}; nothing to re-embed."

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from .errors import ConfigError
 
@@ -44,6 +44,24 @@ class TinyContextConfig(BaseModel):
     models_dir: Path = Field(default_factory=default_models_dir)
     embedding_model: str = "fast"
     embedding_batch_size: int = Field(32, ge=1, le=1024)
+    # Where vectors come from (tinycontext/embedders): "onnx" (embedding_model is a bundled/hub model),
+    # "openai" (/v1/embeddings) or "ollama" (/api/embed) at embedding_url (embedding_model is the
+    # server's model name), or a registered/entry-point backend.
+    # FTS5 tokenizer (tinycontext/language.py): "porter" (English stemming), "unicode61" (no stemming,
+    # other languages), "trigram" (substrings: Chinese, Japanese, compounds). Changing it rebuilds the index on open.
+    fts_tokenizer: Literal["porter", "unicode61", "trigram"] = "porter"
+    # "none": no model, keyword-only (BM25) search; vectors are filled in by `tinycontext reindex` later.
+    embedding_backend: str = "onnx"
+    # When the model cannot be loaded: run keyword-only instead of failing with model_unavailable.
+    keyword_fallback: bool = False
+    embedding_url: str | None = None
+    embedding_api_key: SecretStr | None = None
+    # Per embedding call, retries included: a failing or hung server is model_unavailable by then.
+    embedding_timeout_s: float = Field(30.0, gt=0, le=600)
+    embedding_concurrency: int = Field(4, ge=1, le=64)
+    embedding_retries: int = Field(3, ge=0, le=10)
+    # Expected vector size from the server (optional): another size is model_mismatch.
+    embedding_dimensions: int | None = Field(None, ge=1, le=65_536)
     embedding_cache_size: int = Field(4096, ge=0)
     # Threads embedding batches in parallel, one ONNX thread each (0: one per CPU).
     embedding_threads: int = Field(0, ge=0, le=256)

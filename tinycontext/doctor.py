@@ -43,6 +43,7 @@ class Doctor:
         self.config: TinyContextConfig | None = None
         self.bundle = None
         self.embedder = None
+        self.keyword_only: str | None = None  # why, when there is no embedding model
         self.checks: list[dict] = []
 
     def check(self, name: str, fn: Callable[[], tuple[str, dict]], *, needs: Any = True) -> None:
@@ -105,9 +106,26 @@ class Doctor:
         return f"{version}; schema migrations run", {"version": version}
 
     def model(self):
+        from .errors import ModelUnavailableError
+        from .keyword import open_embedder
         from .model_hub import BUILTIN_NAME, MANIFEST, resolve_model
 
-        bundle = self.bundle = resolve_model(self.config.embedding_model, self.config.models_dir)
+        config = self.config
+        if config.embedding_backend != "onnx":
+            embedder, why = open_embedder(config)
+            if embedder is None:
+                self.keyword_only = why
+                return f"keyword-only: {why}; recall uses BM25 (FTS5) alone", {"backend": config.embedding_backend, "mode": "keyword"}
+            self.embedder = embedder
+            return f"{config.embedding_backend} backend: {embedder.identity['model']}, {embedder.dimensions} dims", {
+                "backend": config.embedding_backend, "mode": "hybrid", "identity": embedder.identity}
+        try:
+            bundle = self.bundle = resolve_model(config.embedding_model, config.models_dir)
+        except ModelUnavailableError as err:
+            if not config.keyword_fallback:
+                raise
+            self.keyword_only = err.message
+            return f"keyword-only (keyword_fallback): {err.message}; recall uses BM25 (FTS5) alone", {"mode": "keyword"}
         if bundle.name == BUILTIN_NAME:
             verified = "pinned in tinycontext"
         elif (bundle.path / MANIFEST).is_file():
@@ -127,13 +145,17 @@ class Doctor:
         from .embeddings import Embedder
 
         config = self.config
-        self.embedder = Embedder(self.bundle, batch_size=config.embedding_batch_size, cache_size=0,
-                                 query_prefix=config.dense_query_prefix, document_prefix=config.dense_document_prefix)
+        if self.keyword_only:
+            return "none: keyword-only mode", {"mode": "keyword"}
+        if self.embedder is None:
+            self.embedder = Embedder(self.bundle, batch_size=config.embedding_batch_size, cache_size=0,
+                                     query_prefix=config.dense_query_prefix, document_prefix=config.dense_document_prefix)
+        dimensions = self.embedder.dimensions
         started = time.perf_counter()
         vector = self.embedder.embed_query(TEST_SENTENCE)
         elapsed = round((time.perf_counter() - started) * 1000, 1)
         norm = float(np.linalg.norm(vector))
-        if vector.shape != (self.bundle.dimensions,) or not np.isfinite(vector).all() or norm == 0:
+        if vector.shape != (dimensions,) or not np.isfinite(vector).all() or norm == 0:
             raise ModelMismatchError(f"The test embedding is broken (shape {vector.shape}, norm {norm}). Re-download the model.")
         return f"{vector.shape[0]} dims, norm {norm:.3f}, {elapsed} ms", {
             "dimensions": int(vector.shape[0]), "norm": norm, "elapsed_ms": elapsed, "identity": self.embedder.identity}
@@ -167,7 +189,7 @@ class Doctor:
         self.check("fts5", self.fts5)
         self.check("sqlite-vec", self.sqlite_vec)
         self.check("model", self.model, needs=self.config)
-        self.check("embedding", self.embedding, needs=self.bundle)
+        self.check("embedding", self.embedding, needs=self.bundle or self.embedder or self.keyword_only)
         self.check("tokenizer", self.tokenizer, needs=self.config)
         self.check("database", self.database, needs=self.config)
         self.check("browser", self.browser, needs=self.config)
@@ -225,6 +247,8 @@ def _inspect_database(path: Path, identity: dict | None) -> tuple[str, dict]:
         summary += f" (migrates to v{SCHEMA_VERSION} on next open)"
     if stored:
         summary += f", embedder {stored.get('model')}"
+    if counts["vectors"] < counts["memories"]:
+        summary += f"; {counts['memories'] - counts['vectors']} memories have no vector yet (saved keyword-only): run `tinycontext reindex`"
     return summary, details
 
 

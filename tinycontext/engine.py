@@ -21,10 +21,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import conversation
+from . import browse, conversation, keyword, language
 from .budget import TokenCounter, fit_budget
 from .config import TinyContextConfig
-from .embeddings import Embedder
+from .embedders import EmbedderProtocol
 from .errors import (
     ConflictError,
     EmptyMemoryError,
@@ -33,9 +33,7 @@ from .errors import (
     RecallBudgetError,
     SessionNotFoundError,
 )
-from . import browse
 from .filters import Filters, expiry, parse_filters
-from .model_hub import resolve_model
 from .render import Page, check_agent_budget, check_detail, recall_page
 from .fts_budget import bounded_match
 from .retrieval import fuse
@@ -152,36 +150,42 @@ def _content_hash(text: str) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def build_embedder(config: TinyContextConfig) -> Embedder:
-    """The embedder a configuration names (model, batch size, cache, prefixes)."""
-    return Embedder(
-        resolve_model(config.embedding_model, config.models_dir),
-        batch_size=config.embedding_batch_size,
-        cache_size=config.embedding_cache_size,
-        query_prefix=config.dense_query_prefix,
-        document_prefix=config.dense_document_prefix,
-        threads=config.embedding_threads,
-    )
-
-
 class MemoryEngine:
     """An open memory database with its embedder. Thread-safe; close() when done."""
 
-    def __init__(self, config: TinyContextConfig | None = None, *, embedder: Embedder | None = None, progress: bool = False):
+    def __init__(self, config: TinyContextConfig | None = None, *, embedder: EmbedderProtocol | None = None, progress: bool = False):
         self.config = config or TinyContextConfig()
-        self.embedder = embedder = embedder if embedder is not None else build_embedder(self.config)
+        if embedder is None:
+            # None: keyword-only (no model configured, or unavailable and keyword_fallback allows it).
+            embedder, self.keyword_reason = keyword.open_embedder(self.config)
+        else:
+            self.keyword_reason = None
+        self.embedder = embedder
         self.tokens = TokenCounter(self.config.encoding_name)
         self.store = Store(self.config.memory_db_path)
         try:
-            self.reindexed = self.store.bind_embedder(
-                embedder.identity, reindex=self.config.reindex,
-                embed_all=lambda texts: embedder.embed_documents(texts, progress=True),
-            )
+            language.set_tokenizer(self.store, self.config.fts_tokenizer)
+            if embedder is None:
+                keyword.ensure_vector_table(self.store)
+                self.reindexed = 0
+            else:
+                self.reindexed = self.store.bind_embedder(
+                    embedder.identity, reindex=self.config.reindex,
+                    embed_all=lambda texts: embedder.embed_documents(texts, progress=True),
+                )
+                # Memories saved while no model was available get their vectors now (reindex='auto').
+                if self.config.reindex == "auto":
+                    self.reindexed += keyword.backfill(self.store, embedder)
         except BaseException:  # e.g. model_mismatch: do not leave the file open
             self.store.close()
             raise
         self.index = VectorIndex(self.store, self.config.vector_cache_max, self.config.vector_quantized_max)
         self.progress = progress
+
+    @property
+    def search_mode(self) -> str:
+        """"hybrid" (BM25 + vectors) or "keyword" (BM25 only: no embedding model)."""
+        return "keyword" if self.embedder is None else "hybrid"
 
     def close(self) -> None:
         self.store.close()
@@ -284,17 +288,13 @@ class MemoryEngine:
         # The same words said by another speaker or on another day are another memory.
         hashes = [_content_hash(text) for text in indexed]
         tokens = self.tokens.count_many([conversation.display_text(m.content, m.speaker, m.attachments) for m in items])
-        dims = self.embedder.identity["dimensions"]
-        given = [None if stored is None or stored[i].vector is None or len(stored[i].vector) != dims
-                 or not np.isfinite(stored[i].vector).all() else np.asarray(stored[i].vector, np.float32) for i in range(len(items))]
-        missing = [i for i, v in enumerate(given) if v is None]
-        computed = iter(self.embedder.embed_documents([indexed[i] for i in missing], progress=self.progress)) if missing else iter(())
-        vectors = np.stack([v if v is not None else next(computed) for v in given]) if items else np.zeros((0, dims), np.float32)
+        # Keyword-only: no vectors, so no near-duplicate check (exact duplicates are still skipped).
+        vectors, missing = (None, []) if self.embedder is None else self._vectors(items, indexed, stored)
         renumbered: dict[int, int] = {}
         saved: list[dict] = []
         skipped: list[dict] = []
         near: list[dict] = []
-        check = self.config.dedup_mode != "off"
+        check = vectors is not None and self.config.dedup_mode != "off"
         if check:
             self.index.prepare(session)
         with self.index.write() as conn:
@@ -307,7 +307,7 @@ class MemoryEngine:
             episodes: dict[str, int] = {}
             auto_key = f"save-{uuid.uuid4().hex[:16]}"
             ceiling = conn.execute("SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'memories'").fetchone()[0]
-            for i, (item, digest, vector) in enumerate(zip(items, hashes, vectors)):
+            for i, (item, digest, vector) in enumerate(zip(items, hashes, [None] * len(items) if vectors is None else vectors)):
                 restored = stored[i] if stored is not None else None
                 if restored is not None and restored.uid is not None:
                     present = conn.execute("SELECT id FROM memories WHERE uid = ?", (restored.uid,)).fetchone()
@@ -361,9 +361,10 @@ class MemoryEngine:
                           json.dumps(h.get("metadata") or {}, ensure_ascii=False), str(h["created_at"]), str(h["superseded_at"]))
                          for h in restored.history])
                 conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(mid, t) for t in item.tags])
-                conn.execute("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)", (mid, session, vector.tobytes()))
+                if vector is not None:
+                    conn.execute("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)", (mid, session, vector.tobytes()))
+                    batch_kept.append((mid, vector))
                 batch_seen[digest] = mid
-                batch_kept.append((mid, vector))
                 saved.append({"index": i, "id": mid, "tokens": tokens[i]})
             if batch_kept:
                 self.index.add(session, [mid for mid, _ in batch_kept], np.stack([v for _, v in batch_kept]))
@@ -377,6 +378,15 @@ class MemoryEngine:
             "total_tokens": sum(s["tokens"] for s in saved),
             **({"renumbered": renumbered, "embedded": len({s["index"] for s in saved} & set(missing))} if stored is not None else {}),
         }
+
+    def _vectors(self, items: list, indexed: list[str], stored) -> tuple[np.ndarray, list[int]]:
+        """One vector per item: a valid stored one (import) or freshly embedded; and which were embedded."""
+        dims = self.embedder.identity["dimensions"]
+        given = [None if stored is None or stored[i].vector is None or len(stored[i].vector) != dims
+                 or not np.isfinite(stored[i].vector).all() else np.asarray(stored[i].vector, np.float32) for i in range(len(items))]
+        missing = [i for i, v in enumerate(given) if v is None]
+        computed = iter(self.embedder.embed_documents([indexed[i] for i in missing], progress=self.progress)) if missing else iter(())
+        return (np.stack([v if v is not None else next(computed) for v in given]) if items else np.zeros((0, dims), np.float32)), missing
 
     def _auto_episode(self, item: MemoryInput, key: str) -> str | None:
         mode = self.config.auto_episode
@@ -421,6 +431,7 @@ class MemoryEngine:
             "omitted": omitted,
             "next_offset": None if stop is None else offset + stop,
             "candidates": ranked["candidates"],
+            "mode": self.search_mode,
             "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
         }
 
@@ -433,7 +444,8 @@ class MemoryEngine:
         max_tokens = check_agent_budget(self.config.recall_max_tokens if max_tokens is None else max_tokens)
         ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset, filters=filters)
         return recall_page(ranked["window"], max_tokens=max_tokens, counter=self.tokens, limit=ranked["top_k"],
-                           offset=offset, detail=detail, session_id=ranked["session_id"])
+                           offset=offset, detail=detail, session_id=ranked["session_id"],
+                           extra={"mode": "keyword"} if self.embedder is None else None)
 
     def _rank(self, query: str, *, session_id: str | None, top_k: int | None, tags: Sequence[str] | None, offset: int,
               dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None,
@@ -447,6 +459,8 @@ class MemoryEngine:
         _check_int(top_k, "top_k", 1, 1000)
         _check_int(offset, "offset", 0, MAX_OFFSET)
         weight = _check_number(self.config.recall_dense_weight if dense_weight is None else dense_weight, "dense_weight", 0.0, 1.0)
+        if self.embedder is None:
+            weight = 0.0  # keyword-only: BM25 alone
         k = _check_number(self.config.recall_rrf_k if rrf_k is None else rrf_k, "rrf_k", 0.0, 1e6)
         episode_weight = _check_number(self.config.recall_episode_weight if episode_weight is None else episode_weight, "episode_weight", 0.0, 10.0)
         neighbour_weight = _check_number(self.config.recall_neighbour_weight if neighbour_weight is None else neighbour_weight, "neighbour_weight", 0.0, 1.0)
@@ -501,23 +515,40 @@ class MemoryEngine:
         return sql, params
 
     def _bm25(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None) -> list[tuple[int, float]]:
-        match = bounded_match(self.store, query, self.config.recall_fts_budget)
-        if match is None:
+        # The trigram index takes substrings, and terms under 3 characters only through LIKE (language.py).
+        if self.config.fts_tokenizer == "trigram":
+            match, short = language.trigram_query(query)
+        else:
+            match, short = bounded_match(self.store, query, self.config.recall_fts_budget), []
+        if match is None and not short:
             return []
         if session is not None and self.store.read("SELECT min(id) = max(id) AND min(id) = ? FROM sessions", (session,))[0][0]:
             session = None  # the only session: filtering by it changes nothing, and the join costs ~25%
         if session is None:
             # Every FTS row is a memory (triggers), so no join is needed to read ids.
-            sql, params, id_column = ("SELECT rowid, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score FROM memories_fts "
-                                      "WHERE memories_fts MATCH ?"), [match], "rowid"
+            base, params, id_column = "FROM memories_fts WHERE {where}", [], "rowid"
         else:
-            sql, params, id_column = ("SELECT m.id, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score FROM memories_fts "
-                                      "JOIN memories m ON m.id = memories_fts.rowid WHERE memories_fts MATCH ? "
-                                      "AND m.session_id = ?"), [match, session], "m.id"
-        # The filter is part of the FTS query, so the LIMIT keeps the best matches that pass it.
-        filter_sql, filter_params = self._filter_sql(tags, filters, id_column)
-        sql += filter_sql + f" ORDER BY score DESC, {id_column} LIMIT ?"
-        return [(r[0], r[1]) for r in self.store.read(sql, [*params, *filter_params, depth])]
+            base, params, id_column = ("FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid WHERE {where} "
+                                       "AND m.session_id = ?"), [session], "m.id"
+        # The filter is part of the FTS query, so the LIMIT keeps the best matches that pass it. The unary
+        # "+" keeps SQLite from driving FTS5 by the filter's id list: it would run the MATCH once per id
+        # (minutes for a filter passing half of 50k memories) instead of once, checking each hit's id.
+        filter_sql, filter_params = self._filter_sql(tags, filters, "+" + id_column)
+        hits: list[tuple[int, float]] = []
+        if match is not None:
+            sql = (f"SELECT {id_column}, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score " + base.format(where="memories_fts MATCH ?")
+                   + filter_sql + f" ORDER BY score DESC, {id_column} LIMIT ?")
+            hits = [(r[0], r[1]) for r in self.store.read(sql, [match, *params, *filter_params, depth])]
+        if short and len(hits) < depth:
+            # Short terms rank after the BM25 hits, by how many of them a memory contains.
+            likes = ["(memories_fts.content LIKE ? ESCAPE '\\' OR memories_fts.tags LIKE ? ESCAPE '\\')" for _ in short]
+            patterns = [p for term in short for p in (language.like_pattern(term),) * 2]
+            seen = {h[0] for h in hits}
+            sql = (f"SELECT {id_column}, {' + '.join(likes)} AS score " + base.format(where="(" + " OR ".join(likes) + ")")
+                   + filter_sql + f" ORDER BY score DESC, {id_column} LIMIT ?")
+            rows = self.store.read(sql, [*patterns, *patterns, *params, *filter_params, depth])
+            hits += [(r[0], float(r[1])) for r in rows if r[0] not in seen][: depth - len(hits)]
+        return hits
 
     def _dense(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None, *,
                vector: np.ndarray | None = None) -> list[tuple[int, float]]:
@@ -584,7 +615,8 @@ class MemoryEngine:
                                  "metadata": {} if metadata is None else metadata}])[0]
         current = self.get(memory_id, history=False)
         facts = (current["speaker"], current["occurred_at"], current["attachments"])
-        vector = self.embedder.embed_documents([conversation.embedding_text(given.content, *facts)])[0] if content is not None else None
+        vector = self.embedder.embed_documents([conversation.embedding_text(given.content, *facts)])[0] \
+            if content is not None and self.embedder is not None else None
         with self.index.write() as conn:
             row = conn.execute("SELECT version, content, tags, metadata, updated_at, created_at, session_id FROM memories WHERE id = ?",
                                (memory_id,)).fetchone()
@@ -613,6 +645,10 @@ class MemoryEngine:
             if vector is not None and new_content != row[1]:
                 conn.execute("UPDATE memory_vectors SET embedding = ? WHERE memory_id = ?", (vector.tobytes(), memory_id))
                 self.index.replace(row[6], memory_id, vector)
+            elif self.embedder is None and new_content != row[1]:
+                # Keyword-only: the old vector no longer matches; reindex embeds the new text.
+                conn.execute("DELETE FROM memory_vectors WHERE memory_id = ?", (memory_id,))
+                self.index.remove(row[6], memory_id)
         return self.get(memory_id)
 
     def delete(self, memory_id: int) -> dict:

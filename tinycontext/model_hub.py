@@ -58,9 +58,12 @@ REGISTRY: dict[str, RegistryEntry] = {
                       "onnx/model.onnx", 384, 512, "cls", BGE_QUERY_PREFIX),
         RegistryEntry("bge-base-en-v1.5", "BAAI/bge-base-en-v1.5", "a5beb1e3e68b9ab74eb54cfd186867f64f240e1a",
                       "onnx/model.onnx", 768, 512, "cls", BGE_QUERY_PREFIX),
+        # ~100 languages (Chinese, Japanese, Arabic, Hindi, German...); e5 wants these prefixes.
+        RegistryEntry("multilingual-e5-small", "intfloat/multilingual-e5-small", "614241f622f53c4eeff9890bdc4f31cfecc418b3",
+                      "onnx/model.onnx", 384, 512, "mean", "query: ", "passage: "),
     ]
 }
-TIERS = {"fast": BUILTIN_NAME, "balanced": "bge-small-en-v1.5", "quality": "bge-base-en-v1.5"}
+TIERS = {"fast": BUILTIN_NAME, "balanced": "bge-small-en-v1.5", "quality": "bge-base-en-v1.5", "multilingual": "multilingual-e5-small"}
 
 _hash_cache: dict[tuple, str] = {}
 _hash_lock = threading.Lock()

@@ -15,7 +15,7 @@ from ..config import TinyContextConfig
 from ..engine import MemoryEngine, get_engine
 from ..errors import TinyContextError
 from ..filters import FilterSpec
-from ..render import DETAILS, Page
+from ..render import DETAILS, Page, to_json
 
 Order = Literal[tuple(ORDERS)]  # type: ignore[valid-type]
 FILTERS_HELP = "tags_any, tags_all, metadata equality, created_at/updated_at ranges ({gte, gt, lte, lt})."
@@ -54,6 +54,16 @@ def register(server, config: TinyContextConfig) -> None:
         except TinyContextError as err:
             return error_result(err)
         return CallToolResult(content=[TextContent(type="text", text=page.text)], structuredContent=page.structured)
+
+    @server.resource("tinycontext://sessions", name="sessions", mime_type="application/json",
+                     description="Memory sessions with their memory and token counts.")
+    async def sessions_resource() -> str:
+        return to_json(await run(lambda engine: engine.list_sessions()))
+
+    @server.resource("tinycontext://stats", name="stats", mime_type="application/json",
+                     description="Database statistics: memories, tokens, vectors, sessions, schema, embedder, search mode.")
+    async def stats_resource() -> str:
+        return to_json(await run(lambda engine: {**engine.stats(), "search_mode": engine.search_mode}))
 
     @server.tool(
         description=(

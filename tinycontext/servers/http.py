@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Iterator
 
 from starlette.types import ASGIApp
@@ -22,13 +22,25 @@ def mcp_app(settings: ServeSettings, config: TinyContextConfig | None = None) ->
     """The MCP server (the same tools as stdio) as an ASGI app for ``settings.transport``."""
     from mcp.server.transport_security import TransportSecuritySettings
 
-    from .mcp_server import build_server
+    from ..config import load_config
+    from .mcp_server import build_server, warm_up
 
     server = build_server(config)
     server.settings.max_request_body_size = settings.max_body_bytes
     # The guard checks Host and Origin for both apps (one policy); the SDK's own check would be a second one.
     server.settings.transport_security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     app = server.sse_app() if settings.transport == "sse" else server.streamable_http_app()
+    # Open the engine (database and model) at server start, not in the first client's session, so
+    # the first call is as fast as the tenth. A failure is logged and reported by the first tool call.
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(started):
+        await warm_up(config or load_config())
+        async with inner(started) as state:
+            yield state
+
+    app.router.lifespan_context = lifespan
     protect(app, settings)
     return app
 

@@ -20,6 +20,7 @@ from mcp.server.fastmcp.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field, ValidationError
 
+from .. import keyword
 from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
 from ..web import tools as web_tools
@@ -28,6 +29,7 @@ from ..filters import FilterSpec
 from ..render import DETAILS, MIN_AGENT_TOKENS, Page, memory_block
 from ..web.browser.tools import register as register_browser
 from . import browse
+from .mcp_schemas import output_schemas
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,9 @@ INSTRUCTIONS = (
     "anything that may depend on earlier conversations, the user's preferences, projects or past "
     "decisions. Call save_memories when you learn a durable fact worth keeping (a preference, a "
     "decision and its reason, a convention, a correction), one concise self-contained fact per memory. "
-    "Fix outdated facts with update_memory rather than saving a contradicting one."
+    "Fix outdated facts with update_memory rather than saving a contradicting one. Use list_memories to "
+    "browse without a query, delete_memories (a dry run first) when the user asks to forget a topic or "
+    "project; the resources tinycontext://sessions and tinycontext://stats describe what is stored."
 )
 
 # Argument types shared by several tools (module level: FastMCP evaluates the annotations).
@@ -69,7 +73,16 @@ class TinyContextMCP(FastMCP):
 
     FastMCP validates arguments before our tool runs and wraps anything raised as "Error executing
     tool ...". Argument errors become ``invalid_input``; anything unexpected ``internal_error``.
+    Tools return ``CallToolResult`` themselves (text and structured content as budgeted), so their
+    ``outputSchema`` comes from ``output_schemas`` (tool name -> JSON schema) when tools are listed.
     """
+
+    output_schemas: dict[str, dict] = {}
+
+    async def list_tools(self):
+        tools = await super().list_tools()
+        return [tool.model_copy(update={"outputSchema": self.output_schemas[tool.name]})
+                if tool.outputSchema is None and tool.name in self.output_schemas else tool for tool in tools]
 
     async def call_tool(self, name: str, arguments: dict[str, Any]):
         try:
@@ -84,24 +97,26 @@ class TinyContextMCP(FastMCP):
             raise ToolError(f"internal_error: {type(cause).__name__}: {cause}") from cause
 
 
+async def warm_up(config: TinyContextConfig) -> None:
+    """Open the shared engine for ``config`` (loads the model) off the event loop; log a failure."""
+    try:
+        await anyio.to_thread.run_sync(get_engine, config)
+    except TinyContextError as err:
+        log.warning("engine not ready: %s", err)
+
+
 def build_server(config: TinyContextConfig | None = None) -> FastMCP:
     """The TinyContext MCP server for ``config`` (``load_config()`` when None); not yet running."""
     config = config or load_config()
 
     @asynccontextmanager
-    async def warm_up(_server):
+    async def lifespan(_server):
         # Load the model while the client initializes; a failure here is reported by the first tool call.
-        async def open_engine():
-            try:
-                await anyio.to_thread.run_sync(get_engine, config)
-            except TinyContextError as err:
-                log.warning("engine not ready: %s", err)
-
         async with anyio.create_task_group() as tg:
-            tg.start_soon(open_engine)
+            tg.start_soon(warm_up, config)
             yield None
 
-    server = TinyContextMCP("tinycontext", instructions=INSTRUCTIONS, log_level="WARNING", lifespan=warm_up)
+    server = TinyContextMCP("tinycontext", instructions=INSTRUCTIONS + keyword.instructions_note(config), log_level="WARNING", lifespan=lifespan)
 
     async def answer(work: Callable[[MemoryEngine], dict], render: Callable[[dict], str]) -> CallToolResult:
         # Engine calls block (ONNX, SQLite): run them on a worker thread, off the event loop.
@@ -202,4 +217,5 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
     web_tools.register(server, config)
     register_browser(server, config)
     browse.register(server, config)
+    server.output_schemas = output_schemas()
     return server

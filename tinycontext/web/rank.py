@@ -43,8 +43,9 @@ def dense_ranking(query_vector: np.ndarray, vectors: np.ndarray) -> list[tuple[i
 
 
 def rank_passages(query: str, texts: Sequence[str], embedder, config: TinyContextConfig) -> list[tuple[int, float]]:
-    """(position, fused score) of every passage, best first, as recall would rank them."""
-    weight = config.recall_dense_weight
+    """(position, fused score) of every passage, best first, as recall would rank them (BM25 alone
+    without an embedder)."""
+    weight = config.recall_dense_weight if embedder is not None else 0.0
     bm25 = bm25_ranking(query, texts) if weight < 1.0 else []
     dense = []
     if weight > 0.0 and texts:

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from ..budget import TokenCounter
 from ..config import TinyContextConfig
-from ..engine import build_embedder
+from ..keyword import open_embedder
 from ..errors import InvalidInputError
 from ..render import check_agent_budget
 from .chunk import Chunk, chunk_markdown
@@ -82,8 +82,9 @@ def check_items(items: Any) -> list[ScrapeItem]:
 
 @functools.lru_cache(maxsize=4)
 def embedder_for(config: TinyContextConfig):
-    """The embedder recall uses for this configuration (loaded once per process)."""
-    return build_embedder(config)
+    """The embedder recall uses for this configuration (loaded once per process); None when the
+    configuration runs keyword-only, and then passages are ranked by BM25 alone."""
+    return open_embedder(config)[0]
 
 
 def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyContextConfig,

@@ -1,0 +1,86 @@
+"""Keyword-only mode: the engine without an embedding model, and vectors filled in once one appears.
+
+With ``embedding_backend="none"``, or when the model cannot be loaded and ``keyword_fallback`` allows
+it, the engine runs on SQLite FTS5 (BM25) alone: saving stores no vectors, recall ranks by BM25 and
+says ``mode: keyword``, ``doctor`` and the MCP instructions say so too. Memories saved meanwhile
+have no vector; :func:`backfill` embeds exactly those once a model is configured again
+(``tinycontext reindex``, or ``reindex="auto"``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import conversation
+from .errors import ModelUnavailableError
+
+if TYPE_CHECKING:
+    from .config import TinyContextConfig
+    from .embedders import EmbedderProtocol
+    from .store import Store
+
+log = logging.getLogger(__name__)
+NO_MODEL = "none"
+BACKFILL_BATCH = 512
+
+
+def open_embedder(config: "TinyContextConfig") -> tuple["EmbedderProtocol | None", str | None]:
+    """(embedder, None), or (None, why) for keyword-only mode."""
+    from .embedders import create_embedder
+
+    if config.embedding_backend == NO_MODEL:
+        return None, "no embedding model configured (embedding_backend='none')"
+    try:
+        return create_embedder(config), None
+    except ModelUnavailableError as err:
+        if not config.keyword_fallback:
+            raise
+        log.warning("embedding model unavailable, running keyword-only: %s", err)
+        return None, f"embedding model unavailable: {err.message}"
+
+
+def instructions_note(config: "TinyContextConfig") -> str:
+    """What an agent should know when recall may run on keywords alone (MCP server instructions)."""
+    advice = ("recall matches words, not meaning: query with the exact terms a memory would contain, and retry "
+              "with synonyms before concluding nothing is stored.")
+    if config.embedding_backend == NO_MODEL:
+        return " This memory runs keyword-only (no embedding model): " + advice
+    if config.keyword_fallback:
+        return " If recall results say mode 'keyword', the embedding model is unavailable and " + advice
+    return ""
+
+
+def ensure_vector_table(store: "Store") -> None:
+    """A database that never had a model gets an empty plain table in place of the vec0 one, so
+    counts and deletes work; binding a model later replaces it with vectors for everything."""
+    if not store.has_vector_table():
+        with store.write() as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS memory_vectors (memory_id INTEGER PRIMARY KEY, session_id TEXT, embedding BLOB)")
+
+
+def missing_vectors(store: "Store") -> int:
+    return store.read("SELECT count(*) FROM memories WHERE id NOT IN (SELECT memory_id FROM memory_vectors)")[0][0]
+
+
+def backfill(store: "Store", embedder: "EmbedderProtocol") -> int:
+    """Embed the memories that have no vector (saved keyword-only); returns how many."""
+    total = 0
+    while True:
+        rows = store.read("SELECT id, session_id, content, speaker, occurred_at, attachments FROM memories "
+                          "WHERE id NOT IN (SELECT memory_id FROM memory_vectors) ORDER BY id LIMIT ?", (BACKFILL_BATCH,))
+        if not rows:
+            return total
+        texts = [conversation.embedding_text(r[2], r[3], r[4], json.loads(r[5] or "[]")) for r in rows]
+        vectors = np.asarray(embedder.embed_documents(texts, progress=True), np.float32)
+        with store.write() as conn:
+            for (memory_id, session, *_), vector in zip(rows, vectors):
+                # The memory may have been deleted or embedded by another process meanwhile.
+                if conn.execute("SELECT 1 FROM memories WHERE id = ?", (memory_id,)).fetchone() and \
+                        not conn.execute("SELECT 1 FROM memory_vectors WHERE memory_id = ?", (memory_id,)).fetchone():
+                    conn.execute("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)",
+                                 (memory_id, session, vector.tobytes()))
+                    total += 1

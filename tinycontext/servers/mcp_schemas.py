@@ -1,0 +1,122 @@
+"""Output schemas of the MCP tools: what each tool's structured content looks like.
+
+Clients read them from ``tools/list`` (``outputSchema``) and the official SDK client checks every
+successful result against them. The shapes follow what the tools hand over: compact recall and
+listing items from :mod:`tinycontext.render`, the engine's save/get/update/delete answers, the
+browse answers. Objects allow extra keys, so a field added later (e.g. by ``detail="full"``) stays
+valid; error results (``isError``) carry ``{"error": {code, message}}`` and are not checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class MemoryItem(_Open):
+    """A memory in a recall or listing: compact (id, rank, content, tags, date) or every field (detail=full)."""
+
+    id: int
+    content: str
+    rank: int | None = None
+    tags: list[str] | None = None
+    date: str | None = Field(None, description="YYYY-MM-DD of the last change (compact detail).")
+
+
+class RecallOutput(_Open):
+    memories: list[MemoryItem]
+    total_tokens: int = Field(description="Tokens of the text answer.")
+    max_tokens: int
+    truncated: bool
+    next_offset: int | None = Field(description="Pass as offset for the next page; null when there is none.")
+    omitted: int | None = Field(None, description="Matches that did not fit max_tokens.")
+    needed_tokens: int | None = Field(None, description="When nothing fit: the max_tokens that shows the best match.")
+    mode: str | None = Field(None, description='"keyword" when no embedding model is available (BM25 only).')
+
+
+class Saved(BaseModel):
+    index: int
+    id: int
+    tokens: int
+
+
+class SaveOutput(_Open):
+    session_id: str
+    ids: list[int]
+    saved: list[Saved]
+    skipped: list[dict[str, Any]] = Field(description="{index, reason: duplicate|near_duplicate, duplicate_of|similar_to}")
+    near_duplicates: list[dict[str, Any]] = Field(description="{index, similar_to, similarity} of saved near-duplicates")
+    total_tokens: int
+
+
+class MemoryOutput(_Open):
+    id: int
+    session_id: str
+    content: str
+    tags: list[str]
+    metadata: dict[str, Any]
+    tokens: int
+    created_at: str
+    updated_at: str
+    version: int
+    history: list[dict[str, Any]] | None = Field(None, description="Earlier versions, oldest first.")
+
+
+class DeleteOutput(_Open):
+    id: int
+    deleted: bool
+
+
+class ListOutput(_Open):
+    memories: list[MemoryItem]
+    total: int = Field(description="Memories matching, over all pages.")
+    offset: int
+    next_offset: int | None
+    truncated: bool
+    total_tokens: int
+    max_tokens: int
+    needed_tokens: int | None = None
+
+
+class SessionInfo(_Open):
+    session_id: str
+    created_at: str
+    memories: int
+    tokens: int
+
+
+class SessionsOutput(_Open):
+    sessions: list[SessionInfo]
+    total: int
+
+
+class DeleteManyOutput(_Open):
+    matched: int
+    deleted: int
+    dry_run: bool
+    next: str | None = Field(None, description="What to call to delete for real (dry runs).")
+
+
+OUTPUTS: dict[str, type[BaseModel]] = {
+    "save_memories": SaveOutput, "recall_memories": RecallOutput, "update_memory": MemoryOutput,
+    "get_memory": MemoryOutput, "delete_memory": DeleteOutput, "list_memories": ListOutput,
+    "list_sessions": SessionsOutput, "delete_memories": DeleteManyOutput,
+}
+
+
+def output_schemas() -> dict[str, dict]:
+    """Tool name -> JSON schema of its structured content."""
+    schemas = {name: model.model_json_schema() for name, model in OUTPUTS.items()}
+    # The browser tools hand over their view model's facts; the view itself is the text content.
+    from ..web.browser.tools import BrowserView
+
+    browser = BrowserView.model_json_schema()
+    browser["properties"].pop("view", None)
+    browser["required"] = [r for r in browser.get("required", []) if r != "view"]
+    schemas["browser_navigate"] = schemas["browser_act"] = browser
+    return schemas
