@@ -21,7 +21,8 @@ from tinycontext.servers.mcp_server import build_server
 
 SERVER = [sys.executable, "-m", "tinycontext.cli", "mcp"]
 TOOLS = {"save_memories", "recall_memories", "update_memory", "delete_memory", "get_memory", "list_memories", "list_sessions",
-         "delete_memories"}
+         "delete_memories",
+         "search", "scrape_urls", "current_datetime"}
 LINE = re.compile(r"^- (?P<content>.+) \((?P<date>\d{4}-\d{2}-\d{2})(?P<rest>.*); id (?P<id>\d+)\)$")
 
 

@@ -248,6 +248,40 @@ def recall(args):
     print(to_json(page.structured) if args.json else page.text)
 
 
+def _search_args(parser):
+    parser.add_argument("query", nargs="+", help="what to search for (several quoted queries run together, up to 5)")
+    parser.add_argument("--domain", action="append", default=[], help="only results from this domain and its subdomains (repeatable)")
+    parser.add_argument("--max-tokens", type=int, help="token budget for the whole answer")
+    parser.add_argument("--json", action="store_true", help="print the structured answer (compact JSON, within --max-tokens)")
+
+
+@command("search", "search the web (backend: search_backend); results and an outcome per query", _search_args)
+def search(args):
+    from .web import search as web_search
+
+    answer = web_search([{"query": q, "domains": args.domain} for q in args.query], args.max_tokens, config=config_of(args))
+    text = answer.pop("text")
+    print(to_json(answer) if args.json else text)
+
+
+def _scrape_args(parser):
+    parser.add_argument("url", nargs="+", help="page URL(s), up to 5, sharing one budget")
+    parser.add_argument("--query", help="keep only the passages that answer this (default: the page in order)")
+    parser.add_argument("--max-tokens", type=int, help="token budget shared by all pages")
+    parser.add_argument("--order", choices=("page", "rank"), default="page", help="passages in page order or best first")
+    parser.add_argument("--json", action="store_true", help="print the structured answer (compact JSON, within --max-tokens)")
+
+
+@command("scrape", "read web pages: the passages that answer --query, within --max-tokens", _scrape_args)
+def scrape(args):
+    from .web import scrape_urls
+
+    answer = scrape_urls([{"url": u, "query": args.query} for u in args.url], args.max_tokens, order=args.order,
+                         config=config_of(args))
+    text = answer.pop("text")
+    print(to_json(answer) if args.json else text)
+
+
 def _id_args(parser):
     parser.add_argument("id", type=int, help="memory id")
     add_json(parser)

@@ -103,6 +103,23 @@ class TinyContextConfig(BaseModel):
     vector_quantized_max: int = Field(2_000_000, ge=0)
     # SSRF guard: let web fetches reach loopback/private/link-local hosts (local test servers, intranets).
     allow_private_hosts: bool = False
+    # Web tools (search, scrape_urls, current_datetime) in the MCP server, REST API and CLI.
+    web_tools: bool = True
+    # "ddgs": DuckDuckGo & co via the ddgs package (no key); "searxng": searxng_url's JSON API; "auto": SearXNG, then ddgs.
+    search_backend: Literal["ddgs", "searxng", "auto"] = "ddgs"
+    searxng_url: str = ""
+    search_max_results: int = Field(8, ge=1, le=50)
+    search_timeout: float = Field(10.0, gt=0, le=120)
+    # Per URL: the whole fetch (connect, redirects, body) must finish within web_fetch_timeout seconds.
+    web_fetch_timeout: float = Field(15.0, gt=0, le=300)
+    web_max_bytes: int = Field(5_000_000, ge=1024)
+    web_max_redirects: int = Field(5, ge=0, le=30)
+    web_user_agent: str = "Mozilla/5.0 (compatible; TinyContext/0.1)"
+    scrape_max_tokens: int = Field(4000, ge=50, le=100_000)
+    # Separate budget for a page's related links (part of scrape_max_tokens, not added to it).
+    scrape_links_max_tokens: int = Field(300, ge=0, le=10_000)
+    # Longest passage scrape_urls cuts a page into (passages follow headings and paragraphs).
+    scrape_chunk_tokens: int = Field(160, ge=20, le=2000)
     # Browser tools (tinycontext.web.browser): "off" removes them from the MCP tool list and the REST app.
     browser_backend: Literal["chromium", "off"] = "chromium"
     # A Chromium/Chrome binary; None: look for chromium, chromium-browser, google-chrome on PATH.

@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError
 from .. import keyword
 from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, MemoryInput, get_engine
+from ..web import tools as web_tools
 from ..errors import InvalidInputError, TinyContextError
 from ..filters import FilterSpec
 from ..render import DETAILS, MIN_AGENT_TOKENS, Page, memory_block
@@ -213,6 +214,7 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
     async def get_memory(id: MemoryId) -> CallToolResult:
         return await answer(lambda engine: engine.get(id), memory_block)
 
+    web_tools.register(server, config)
     register_browser(server, config)
     browse.register(server, config)
     server.output_schemas = output_schemas()

@@ -1,5 +1,16 @@
-"""Web evidence: search the web and hand the agent only the passages worth reading."""
+"""Web evidence: search the web and hand the agent only the passages worth reading.
 
+``search(items)`` runs web searches; ``scrape_urls(items, max_tokens)`` fetches pages (through the
+SSRF guard), extracts their main content and returns the passages that answer each item's query,
+within one token budget; ``current_datetime()`` tells the time. Async variants: ``asearch``,
+``ascrape_urls``.
+"""
+
+from .clock import current_datetime
+from .fetch import Fetcher, FetchResult, HttpFetcher
 from .guard import BlockedURLError, Decision, Guard, GuardedTransport, classify, decide
+from .scrape import ascrape_urls, scrape_urls
+from .search import asearch, search
 
-__all__ = ["BlockedURLError", "Decision", "Guard", "GuardedTransport", "classify", "decide"]
+__all__ = ["search", "asearch", "scrape_urls", "ascrape_urls", "current_datetime", "Fetcher", "FetchResult",
+           "HttpFetcher", "BlockedURLError", "Decision", "Guard", "GuardedTransport", "classify", "decide"]

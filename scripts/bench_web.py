@@ -1,0 +1,70 @@
+"""Latency of scrape_urls for 5 pages: fetch (loopback HTTP, through the guard) + extract + rank + fit.
+
+Serves the 5 saved pages of tests/fixtures/web and two LoCoMo chat-archive pages (the web-evidence
+experiment's layout) on 127.0.0.1 and times one scrape_urls call with 5 items and a query each:
+``cold`` = passages not embedded yet (a page the agent has never seen), ``warm`` = the same pages
+again (the embedder's cache holds their passages), plus the same call without a query (no model).
+Median of --runs; the load average is printed next to the figures.
+
+    .venv/bin/python scripts/bench_web.py --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from web_evidence import PageServer, locomo_site  # noqa: E402
+from tinycontext import TinyContextConfig  # noqa: E402
+from tinycontext.embedders import create_embedder  # noqa: E402
+from tinycontext.web import ascrape_urls  # noqa: E402
+
+QUERIES = {"news": "How much will the tram line cost and who pays?", "docs": "How long does it wait between retries?",
+           "forum": "Why does my starter smell like acetone?", "product": "How heavy is the backpack?",
+           "table": "Which city had the biggest drop in rainfall?"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=2000)
+    args = parser.parse_args()
+    fixtures = ROOT / "tests" / "fixtures" / "web"
+    pages = {f"/{name}.html": (fixtures / f"{name}.html").read_bytes() for name in QUERIES}
+    locomo = locomo_site(ROOT.parent / "shared" / "datasets" / "locomo" / "locomo-dev.json", [1, 2, 3, 4], stride=1)
+    pages.update(locomo.pages)
+    config = TinyContextConfig(allow_private_hosts=True)
+    timings: dict[str, list[float]] = {}
+    with PageServer(pages) as server:
+        sets = {"5 fixture pages": [{"url": f"{server.base_url}/{n}.html", "query": q} for n, q in QUERIES.items()],
+                "3 fixtures + 2 LoCoMo archives (~20k tokens each)":
+                    [{"url": f"{server.base_url}/{n}.html", "query": QUERIES[n]} for n in ("news", "docs", "table")]
+                    + [{"url": server.base_url + q.url_path, "query": q.query} for q in (locomo.questions[0], locomo.questions[-1])]}
+        for name, items in sets.items():
+            for _ in range(args.runs):
+                embedder = create_embedder(config)  # fresh cache: cold
+                for label, run_items, emb in (("cold", items, embedder), ("warm", items, embedder),
+                                              ("no query", [{"url": i["url"]} for i in items], embedder)):
+                    started = time.perf_counter()
+                    answer = asyncio.run(ascrape_urls(run_items, args.max_tokens, config=config, embedder=emb))
+                    timings.setdefault(f"{name} | {label}", []).append((time.perf_counter() - started) * 1000)
+                    assert all(r["outcome"] == "ok" for r in answer["results"]), answer["results"]
+    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}; runs {args.runs}; "
+          f"max_tokens {args.max_tokens}")
+    print("| pages | case | median ms | min ms |")
+    print("|---|---|---|---|")
+    for key, values in timings.items():
+        name, label = key.split(" | ")
+        print(f"| {name} | {label} | {statistics.median(values):.0f} | {min(values):.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Extraction quality on saved real-world-like pages (news, docs, forum, product, table): the main
+text is kept as Markdown (headings, lists, tables, code), site chrome is dropped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tinycontext.budget import TokenCounter
+from tinycontext.web.chunk import chunk_markdown
+from tinycontext.web.extract import extract_html
+
+FIXTURES = Path(__file__).parent / "fixtures" / "web"
+PAGES = sorted(p.stem for p in FIXTURES.glob("*.html"))
+
+
+def load(name: str):
+    return (FIXTURES / f"{name}.html").read_text(encoding="utf-8"), json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def test_fixture_set_covers_the_page_kinds():
+    assert PAGES == ["docs", "forum", "news", "product", "table"]
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_main_text_kept_and_boilerplate_dropped(name):
+    html, spec = load(name)
+    page = extract_html(html, "https://site.example/page")
+    assert page.title == spec["title"]
+    missing = [s for s in spec["expected"] if s not in page.markdown]
+    leaked = [s for s in spec["boilerplate"] if s in page.markdown]
+    assert not missing, missing
+    assert not leaked, leaked
+    # Expected snippets come in page order.
+    positions = [page.markdown.index(s) for s in spec["expected"]]
+    assert positions == sorted(positions) or name == "forum"  # the forum quotes an earlier post
+
+
+def test_structure_survives_as_markdown():
+    docs = extract_html(load("docs")[0], "https://site.example/docs").markdown
+    assert "## The retry policy" in docs
+    assert "```" in docs and "client = Client(" in docs
+    assert "| `max_attempts` | 3 | Total attempts, including the first one |" in docs
+    forum = extract_html(load("forum")[0], "https://site.example/t").markdown
+    assert "- Discard all but 20 g of starter" in forum
+
+
+def test_links_are_absolute_and_exclude_scripts_and_the_page_itself():
+    html = ('<html><head><base href="https://docs.example/v2/"></head><body><article><p>' + "text " * 50 +
+            '<a href="guide">Guide</a> <a href="javascript:void(0)">Click</a> <a href="#top">Top</a> '
+            '<a href="mailto:a@b.c">Mail</a> <a href="https://docs.example/v2/page">Self</a> <a href="/other#x">Other</a>'
+            '<a href="guide">Guide again</a></p></article></body></html>')
+    links = extract_html(html, "https://docs.example/v2/page").links
+    assert [(l.url, l.text) for l in links] == [("https://docs.example/v2/guide", "Guide"), ("https://docs.example/other", "Other")]
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_passages_are_original_text_with_offsets_and_bounded_size(name):
+    counter = TokenCounter()
+    markdown = extract_html(load(name)[0], "https://site.example/").markdown
+    chunks = chunk_markdown(markdown, counter, max_tokens=60)
+    assert chunks
+    for chunk in chunks:
+        assert markdown[chunk.start:chunk.end] == chunk.text
+        assert chunk.tokens <= 60 or "\n" not in chunk.text.strip()
+    starts = [c.start for c in chunks]
+    assert starts == sorted(starts)
+    # Nothing but whitespace is left out between passages.
+    covered = "".join(markdown[c.start:c.end] for c in chunks)
+    assert "".join(covered.split()) == "".join(markdown.split())
+
+
+def test_long_blocks_are_cut_at_sentences_and_headings_give_the_path():
+    counter = TokenCounter()
+    text = "# Top\n\n## Part\n\n" + " ".join(f"Sentence number {i} says something." for i in range(60)) + "\n\n### Deeper\n\nTail."
+    chunks = chunk_markdown(text, counter, max_tokens=50)
+    assert all(c.tokens <= 50 for c in chunks)
+    assert chunks[0].heading_path == ("Top",) and chunks[1].heading_path == ("Top", "Part")
+    assert chunks[-1].heading_path == ("Top", "Part", "Deeper") and chunks[-1].text == "### Deeper\n\nTail."
+    assert all(c.text.rstrip().endswith(".") for c in chunks[1:-1])
+
+
+def test_short_posts_next_to_action_links_are_kept():
+    posts = "".join(f'<div class="msg"><p><strong>Ann</strong>: Short post number {i}.</p>'
+                    f'<span class="actions"><a href="#r{i}">Reply</a> · <a href="#q{i}">Quote</a></span></div>' for i in range(30))
+    html = f"<html><body><nav><a href='/'>Home</a></nav><main><h1>Thread</h1>{posts}</main></body></html>"
+    markdown = extract_html(html, "https://forum.example/t/1").markdown
+    assert all(f"Short post number {i}." in markdown for i in range(30))
+    assert "Reply" not in markdown and "Quote" not in markdown

@@ -1,0 +1,272 @@
+"""scrape_urls against pages served on loopback: passages, budget, outcomes, hostile servers.
+
+Every test runs under ``loopback_only``: any attempt to reach beyond 127.0.0.0/8 and ::1 fails it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import time
+
+import pytest
+
+from conftest import HashEmbedder
+from netguard import LocalServer, loopback_only, redirect, send  # noqa: F401  (fixture)
+from tinycontext import TinyContextConfig
+from tinycontext.budget import TokenCounter
+from tinycontext.errors import InvalidInputError, RecallBudgetError
+from tinycontext.render import to_json
+from tinycontext.web import guard as guard_mod
+from tinycontext.web.extract import decode_body
+from tinycontext.web.guard import classify
+from tinycontext.web.scrape import scrape_urls
+
+ARTICLE = """<!doctype html><html><head><meta charset="utf-8"><title>Rivers of Europe | Geo Weekly</title></head><body>
+<nav><a href="/">Home</a> | <a href="/world">World</a> | <a href="/science">Science</a> | <a href="/login">Log in</a></nav>
+<div id="cookie-banner">We use cookies to improve your experience. <a href="/privacy">Privacy policy</a> <button>Accept all</button></div>
+<main><article>
+<h1>Rivers of Europe</h1>
+<p class="byline">By Ana Ruiz, 3 March 2024</p>
+<p>Europe has thousands of rivers. They shaped trade routes, borders and the location of its great cities
+for more than two thousand years, and they still carry a large share of inland freight today.</p>
+<h2>The Danube</h2>
+<p>The Danube is the second-longest river in Europe, flowing 2,850 kilometres from the Black Forest in Germany
+to the Black Sea. It passes through ten countries, more than any other river in the world, including Austria,
+Hungary, Serbia and Romania, and four capital cities: Vienna, Bratislava, Budapest and Belgrade.</p>
+<h2>The Rhine</h2>
+<p>The Rhine rises in the Swiss Alps and flows north to the North Sea through the Netherlands. It is one of the
+busiest waterways in the world: barges carry coal, grain and containers between Basel and Rotterdam.</p>
+<h3>Flooding</h3>
+<p>Spring snowmelt in the Alps makes Rhine floods most likely between May and July; the 1995 flood forced the
+evacuation of 250,000 people in the Netherlands.</p>
+<h2>The Volga</h2>
+<p>The Volga is the longest river in Europe at 3,530 kilometres. It flows entirely within Russia into the Caspian Sea
+and its basin is home to about forty per cent of the Russian population.</p>
+<table><tr><th>River</th><th>Length (km)</th></tr><tr><td>Volga</td><td>3,530</td></tr><tr><td>Danube</td><td>2,850</td></tr>
+<tr><td>Rhine</td><td>1,230</td></tr></table>
+</article></main>
+<aside><h3>Related articles</h3><ul><li><a href="/lakes">The great lakes of the Alps</a></li>
+<li><a href="/danube-cruise">A cruise down the Danube from Vienna to Budapest</a></li><li><a href="/deserts">Deserts of Asia</a></li></ul></aside>
+<footer>© 2024 Geo Weekly · <a href="/about">About</a> · <a href="/contact">Contact</a></footer>
+</body></html>"""
+
+
+@pytest.fixture
+def web_config(tmp_path) -> TinyContextConfig:
+    return TinyContextConfig(memory_db_path=tmp_path / "m.db", allow_private_hosts=True, web_fetch_timeout=2.0,
+                             web_max_bytes=200_000)
+
+
+def html(body: str | bytes, content_type: str = "text/html; charset=utf-8"):
+    data = body.encode() if isinstance(body, str) else body
+    return lambda h: send(h, 200, data, content_type)
+
+
+def scrape(config, items, max_tokens=1000, **kwargs):
+    return scrape_urls(items, max_tokens, config=config, embedder=HashEmbedder(), **kwargs)
+
+
+def fits(answer: dict, max_tokens: int) -> bool:
+    counter = TokenCounter()
+    structured = {k: v for k, v in answer.items() if k != "text"}
+    return counter.count(answer["text"]) <= max_tokens and counter.count(to_json(structured)) <= max_tokens
+
+
+def test_query_returns_the_answering_passages_as_original_text(loopback_only, web_config):
+    with LocalServer({"/rivers": html(ARTICLE)}) as server:
+        answer = scrape(web_config, [{"url": server.url("/rivers"), "query": "Danube length countries capitals"}], 200)
+        # The no-query answer is the extracted page in order: the same passages, at the same offsets.
+        whole = scrape(web_config, [server.url("/rivers")], 4000)["results"][0]["passages"]
+    (result,) = answer["results"]
+    assert result["outcome"] == "ok" and result["title"] == "Rivers of Europe | Geo Weekly"
+    texts = [p["text"] for p in result["passages"]]
+    assert any("2,850 kilometres" in t for t in texts)
+    assert not any("cookies" in t or "Log in" in t for t in texts)
+    danube = next(p for p in result["passages"] if "2,850 kilometres" in p["text"])
+    assert danube["heading"] == "Rivers of Europe > The Danube"
+    assert fits(answer, 200)
+    assert whole[0]["start"] == 0
+    for passage in result["passages"]:
+        assert passage in whole
+        assert passage["end"] - passage["start"] == len(passage["text"])
+
+
+def test_without_query_the_page_comes_in_order_and_is_cut_at_the_budget(loopback_only, web_config):
+    with LocalServer({"/rivers": html(ARTICLE)}) as server:
+        full = scrape(web_config, [{"url": server.url("/rivers"), "query": "*"}], 4000)
+        small = scrape(web_config, [server.url("/rivers")], 120)
+    passages = full["results"][0]["passages"]
+    assert [p["start"] for p in passages] == sorted(p["start"] for p in passages)
+    assert passages[0]["text"].startswith("# Rivers of Europe")
+    assert "| Volga | 3,530 |" in passages[-1]["text"]  # tables survive as Markdown
+    assert "Related articles" not in full["text"] and "© 2024" not in full["text"]
+    assert not full["truncated"]
+    assert small["truncated"] and fits(small, 120)
+    assert small["results"][0]["passages"] == passages[: len(small["results"][0]["passages"])]
+
+
+def test_related_links_are_ranked_against_the_query(loopback_only, web_config):
+    with LocalServer({"/rivers": html(ARTICLE)}) as server:
+        answer = scrape(web_config, [{"url": server.url("/rivers"), "query": "Danube cruise Vienna Budapest"}], 1000)
+    links = answer["results"][0]["links"]
+    assert links[0] == {"url": server.url("/danube-cruise"), "text": "A cruise down the Danube from Vienna to Budapest"}
+
+
+def test_one_budget_is_shared_by_all_items(loopback_only, web_config):
+    with LocalServer({"/a": html(ARTICLE), "/b": html(ARTICLE.replace("Rivers", "Streams"))}) as server:
+        items = [{"url": server.url("/a"), "query": "Volga"}, {"url": server.url("/b"), "query": "Rhine flooding"}]
+        for budget in (400, 800, 1600):
+            answer = scrape(web_config, items, budget)
+            assert fits(answer, budget)
+            assert all(r["passages"] for r in answer["results"]), budget  # each page gets its best passage first
+
+
+def test_outcomes_per_item_never_an_exception(loopback_only, web_config, monkeypatch):
+    routes = {
+        "/ok": html(ARTICLE),
+        "/missing": lambda h: send(h, 404, b"gone", "text/plain"),
+        "/error": lambda h: send(h, 503, b"down", "text/plain"),
+        "/image": html(b"\x89PNG\r\n\x1a\n" + bytes(100), "image/png"),
+        "/empty": html("<html><head><title>t</title><script>document.write('hi')</script></head><body> </body></html>"),
+        "/loop": redirect("/loop"),
+    }
+    with LocalServer(routes) as server:
+        items = [server.url(p) for p in ("/missing", "/error", "/image", "/empty", "/loop")]
+        answer = scrape(web_config, items, 1000)
+        outcomes = [(r["outcome"], r.get("status")) for r in answer["results"]]
+        assert outcomes == [("http_error", 404), ("http_error", 503), ("unsupported_type", None), ("empty", None),
+                            ("http_error", None)]
+        bad = scrape(web_config, ["javascript:alert(1)", "file:///etc/passwd", "data:text/html,hi", "http://[::1", server.url("/ok")])
+        assert [r["outcome"] for r in bad["results"]] == ["blocked", "blocked", "blocked", "invalid", "ok"]
+        assert "file:///etc/passwd" in bad["text"] and "blocked" in bad["text"]
+
+
+def test_private_addresses_refused_end_to_end_including_redirect_hops(loopback_only, tmp_path, monkeypatch):
+    # 127.0.0.1 counts as public here so that the other loopback notations are the only refusals.
+    monkeypatch.setattr(guard_mod, "classify", lambda a: "public" if str(a) == "127.0.0.1" else classify(a))
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", web_fetch_timeout=2.0)
+    with LocalServer({"/ok": html(ARTICLE)}) as server:
+        server.routes["/hop"] = redirect(f"http://0x7f000002:{server.port}/ok")
+        server.routes["/meta"] = redirect("http://169.254.169.254/latest/meta-data/")
+        items = [server.url("/ok", "127.2"), server.url("/ok", "[::ffff:127.0.0.2]"), server.url("/hop"), server.url("/meta"),
+                 server.url("/ok")]
+        answer = scrape(config, items, 1000)
+        assert [r["outcome"] for r in answer["results"]] == ["blocked", "blocked", "blocked", "blocked", "ok"]
+        assert [r["path"] for r in server.requests].count("/ok") == 1
+
+
+def test_allow_private_hosts_off_refuses_the_local_server(loopback_only, tmp_path):
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db")
+    with LocalServer({"/ok": html(ARTICLE)}) as server:
+        for host in ("127.0.0.1", "localhost", "2130706433", "0x7f000001"):
+            answer = scrape(config, [server.url("/ok", host)])
+            assert answer["results"][0]["outcome"] == "blocked", host
+        assert server.requests == []
+
+
+def slowloris(h):
+    h.send_response(200)
+    h.send_header("Content-Type", "text/html")
+    h.end_headers()
+    for _ in range(200):
+        h.wfile.write(b"<p>a")
+        h.wfile.flush()
+        time.sleep(0.2)
+
+
+def endless(h):
+    h.send_response(200)
+    h.send_header("Content-Type", "text/html")
+    h.send_header("Transfer-Encoding", "chunked")
+    h.end_headers()
+    chunk = b"<p>" + b"spam " * 2000 + b"</p>"
+    while True:
+        h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+
+
+def gzip_bomb(h):
+    body = gzip.compress(b"<html><body><p>" + b"A" * 50_000_000, compresslevel=9)
+    send(h, 200, body, "text/html", {"Content-Encoding": "gzip"})
+
+
+def silent(h):
+    time.sleep(5)
+
+
+def test_hostile_servers_are_bounded_in_time_and_memory(loopback_only, web_config):
+    routes = {"/slow": slowloris, "/endless": endless, "/bomb": gzip_bomb, "/silent": silent,
+              "/huge": lambda h: send(h, 200, b"x" * 300_000, "text/plain")}
+    with LocalServer(routes) as server:
+        started = time.monotonic()
+        answer = scrape(web_config, [server.url(p) for p in ("/slow", "/endless", "/bomb", "/silent", "/huge")], 500)
+        elapsed = time.monotonic() - started
+    assert [r["outcome"] for r in answer["results"]] == ["timeout", "too_large", "too_large", "timeout", "too_large"]
+    assert elapsed < 30  # generous: the bound is web_fetch_timeout (2 s), concurrently, plus a loaded machine
+
+
+def test_gzip_is_decoded_within_the_limit(loopback_only, web_config):
+    body = gzip.compress(ARTICLE.encode())
+    with LocalServer({"/gz": lambda h: send(h, 200, body, "text/html", {"Content-Encoding": "gzip"})}) as server:
+        answer = scrape(web_config, [{"url": server.url("/gz"), "query": "Volga"}], 300)
+    assert answer["results"][0]["outcome"] == "ok" and "Volga" in answer["text"]
+
+
+def test_malformed_html_and_wrong_charsets(loopback_only, web_config):
+    latin = "<html><body><article><h1>Café</h1><p>Crème brûlée à la française, " + "très bon. " * 20 + "</p></article></body></html>"
+    routes = {
+        "/broken": html("<html><body><div><p>Unclosed <b>tags <i>everywhere<table><tr><td>cell<p>" + "text " * 80 + "<<<>>></div"),
+        "/lying-utf8": html(latin.encode("latin-1"), "text/html; charset=utf-8"),
+        "/lying-latin1": html(latin.encode("utf-8"), "text/html; charset=iso-8859-1"),
+        "/unknown-charset": html(latin.encode("utf-8"), "text/html; charset=x-klingon"),
+        "/nul": html(b"<html><body><p>a\x00b" + b"word " * 60 + b"</p></body></html>"),
+    }
+    with LocalServer(routes) as server:
+        answer = scrape(web_config, [server.url(p) for p in routes], 2000)
+    results = answer["results"]
+    assert results[0]["outcome"] in ("ok", "empty")
+    for result in results[1:4]:
+        assert result["outcome"] == "ok"
+        assert "Crème brûlée" in result["passages"][0]["text"] or "Crème brûlée" in result["passages"][1]["text"]
+    assert results[4]["outcome"] in ("ok", "empty")
+
+
+def test_decode_body_prefers_boms_valid_utf8_then_declared_charsets():
+    assert decode_body("é".encode("utf-8"), "iso-8859-1") == "é"
+    assert decode_body("é".encode("latin-1"), "utf-8") == "é"  # not UTF-8: cp1252 fallback
+    assert decode_body("Ж".encode("koi8-r"), "koi8-r") == "Ж"
+    assert decode_body(b'<meta charset="koi8-r">' + "Ж".encode("koi8-r"), None) .endswith("Ж")
+    assert decode_body("hi".encode("utf-16"), "utf-8") == "hi"
+
+
+def test_bad_requests_are_typed_errors(web_config):
+    with pytest.raises(InvalidInputError):
+        scrape(web_config, [])
+    with pytest.raises(InvalidInputError):
+        scrape(web_config, ["http://a.test/"] * 6)
+    with pytest.raises(InvalidInputError):
+        scrape(web_config, [{"url": "http://a.test/", "extra": 1}])
+    with pytest.raises(RecallBudgetError):
+        scrape(web_config, ["http://a.test/"], 10)
+    with pytest.raises(InvalidInputError):
+        scrape(web_config, ["http://a.test/"], order="random")
+
+
+def test_fetch_step_is_pluggable(web_config):
+    from tinycontext.web.fetch import FetchResult
+
+    class FakeFetcher:
+        def __init__(self):
+            self.urls = []
+
+        async def fetch(self, url):
+            self.urls.append(url)
+            return FetchResult(url=url, final_url=url, status=200, content_type="text/html", body=ARTICLE.encode())
+
+        async def aclose(self):
+            pass
+
+    fetcher = FakeFetcher()
+    answer = scrape_urls([{"url": "https://example.org/rivers", "query": "Volga Caspian"}], 300, config=web_config,
+                         fetcher=fetcher, embedder=HashEmbedder(), order="rank")
+    assert fetcher.urls == ["https://example.org/rivers"]
+    assert "Caspian" in answer["results"][0]["passages"][0]["text"]

@@ -1,0 +1,144 @@
+"""Markdown split on its structure into passages of roughly ``min_tokens``-``max_tokens`` tokens.
+
+Blocks are headings, paragraphs, list runs, tables and fenced code; a passage is a run of blocks
+of one section (the heading path stays the same), cut before it would pass ``max_tokens``. A block
+longer than that is cut at lines, then sentences, then words. Every chunk's text is exactly
+``markdown[start:end]``: original text, never rewritten.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..budget import TokenCounter
+
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+# A sentence ends at . ! ? before white space, or before a capitalised word when the space was lost
+# ("the genome.We find": common in text pasted from PDFs and abstracts).
+SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[a-z0-9)][.!?])(?=[A-Z][a-z])")
+_WORD_GAP = re.compile(r"\s+")
+
+
+@dataclass
+class Chunk:
+    text: str
+    start: int
+    end: int
+    heading_path: tuple[str, ...]
+    tokens: int
+    position: int = 0  # order in the page
+
+
+@dataclass
+class _Block:
+    start: int
+    end: int
+    heading: tuple[int, str] | None = None  # (level, text) for a heading line
+
+
+def _blocks(markdown: str) -> list[_Block]:
+    """Blocks separated by blank lines, with headings and fenced code blocks always on their own."""
+    blocks: list[_Block] = []
+    start: int | None = None
+    in_fence = False
+    offset = 0
+    for line in markdown.splitlines(keepends=True):
+        stripped = line.strip()
+        line_start, offset = offset, offset + len(line)
+        line_end = line_start + len(line.rstrip("\r\n"))
+        if in_fence:
+            if _FENCE.match(line):
+                blocks.append(_Block(start, line_end))
+                start, in_fence = None, False
+            continue
+        if _FENCE.match(line):
+            if start is not None:
+                blocks.append(_Block(start, line_start))
+            start, in_fence = line_start, True
+            continue
+        heading = _HEADING.match(stripped) if stripped.startswith("#") else None
+        if heading or not stripped:
+            if start is not None:
+                blocks.append(_Block(start, line_start))
+                start = None
+            if heading:
+                blocks.append(_Block(line_start, line_end, (len(heading.group(1)), heading.group(2))))
+            continue
+        if start is None:
+            start = line_start
+    if start is not None:
+        blocks.append(_Block(start, len(markdown)))
+    for block in blocks:  # no trailing whitespace inside a span
+        while block.end > block.start and markdown[block.end - 1].isspace():
+            block.end -= 1
+    return [b for b in blocks if b.end > b.start]
+
+
+def _pieces(markdown: str, start: int, end: int, max_tokens: int, counter: TokenCounter) -> list[tuple[int, int]]:
+    """Cut [start, end) into spans of at most ``max_tokens``: at line breaks, sentence ends, then words."""
+    if counter.count(markdown[start:end]) <= max_tokens:
+        return [(start, end)]
+    text = markdown[start:end]
+    for splitter in (re.compile(r"\n+"), SENTENCE_END, _WORD_GAP):
+        cuts = [m.end() for m in splitter.finditer(text)]
+        if not cuts:
+            continue
+        bounds = [0, *cuts, len(text)]
+        units = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i]]
+        costs = counter.count_many([text[a:b] for a, b in units])
+        if max(costs) > max_tokens and splitter is not _WORD_GAP:
+            continue
+        spans: list[tuple[int, int]] = []
+        cur_start, cur_cost = None, 0
+        for (a, b), cost in zip(units, costs):
+            if cur_start is not None and cur_cost + cost > max_tokens:
+                spans.append((cur_start, a))
+                cur_start, cur_cost = None, 0
+            if cur_start is None:
+                cur_start = a
+            cur_cost += cost
+        spans.append((cur_start, len(text)))
+        out = []
+        for a, b in spans:
+            while b > a and text[b - 1].isspace():
+                b -= 1
+            if b > a:
+                out.append((start + a, start + b))
+        return out
+    return [(start, end)]  # one unbreakable token run: keep it whole rather than cut a word
+
+
+def chunk_markdown(markdown: str, counter: TokenCounter, *, max_tokens: int = 160) -> list[Chunk]:
+    """Passages of ``markdown`` in page order (see the module docstring)."""
+    chunks: list[Chunk] = []
+    path: list[tuple[int, str]] = []
+    cur: list[int] | None = None  # [start, end, tokens]
+    cur_path: tuple[str, ...] = ()
+
+    def flush():
+        nonlocal cur
+        if cur is not None:
+            text = markdown[cur[0]:cur[1]]
+            chunks.append(Chunk(text, cur[0], cur[1], cur_path, counter.count(text), len(chunks)))
+            cur = None
+
+    for block in _blocks(markdown):
+        if block.heading is not None:
+            flush()
+            level, text = block.heading
+            path = [(lv, t) for lv, t in path if lv < level] + [(level, text)]
+            cur_path = tuple(t for _, t in path)
+            # The heading starts its section's first passage: it helps both the reader and BM25.
+            cur = [block.start, block.end, counter.count(markdown[block.start:block.end])]
+            continue
+        for start, end in _pieces(markdown, block.start, block.end, max_tokens, counter):
+            tokens = counter.count(markdown[start:end])
+            if cur is not None and cur[2] + tokens + 1 <= max_tokens:
+                cur[1], cur[2] = end, cur[2] + tokens + 1
+                continue
+            flush()
+            cur = [start, end, tokens]
+    flush()
+    return chunks

@@ -1,0 +1,153 @@
+"""scrape_urls: fetch pages, keep their main content, hand back the passages that answer a query.
+
+Per item ``{url, query?}``: fetch (any :class:`~tinycontext.web.fetch.Fetcher`; httpx behind the
+SSRF guard by default), extract Markdown, split it into passages, rank them with the engine's
+hybrid search against the query, and fill ONE token budget shared by all items with the best
+passages (each item's best first, then each item's second...). Without a query (or ``"*"``) a page
+is read in order. Passages are original text with the URL, title, heading path and character
+offsets into the extracted Markdown. Every item gets an outcome; one bad URL never raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..budget import TokenCounter
+from ..config import TinyContextConfig
+from ..keyword import open_embedder
+from ..errors import InvalidInputError
+from ..render import check_agent_budget
+from .chunk import Chunk, chunk_markdown
+from .extract import ExtractedPage, Link, extract_page
+from .fetch import Fetcher, FetchResult, HttpFetcher
+from .present import scrape_page
+from .rank import rank_passages
+
+MAX_ITEMS = 5
+MAX_QUERY_CHARS = 1000
+ORDERS = ("page", "rank")
+
+
+@dataclass
+class ScrapeItem:
+    url: str
+    query: str | None = None
+
+    @property
+    def ranked(self) -> bool:
+        return bool(self.query) and self.query.strip() != "*"
+
+
+@dataclass
+class PageResult:
+    """One item's fetched, extracted and ranked page (before the budget is applied)."""
+
+    item: ScrapeItem
+    fetch: FetchResult
+    outcome: str
+    title: str = ""
+    chunks: list[Chunk] = field(default_factory=list)  # best first when ranked, else page order
+    links: list[Link] = field(default_factory=list)  # best first when ranked
+    markdown_chars: int = 0
+    markdown_tokens: int = 0
+
+
+def check_items(items: Any) -> list[ScrapeItem]:
+    """1-5 items, each a URL string or ``{url, query?}``; a malformed request is an InvalidInputError
+    (a well-formed but bad URL is not: it becomes that item's outcome)."""
+    if isinstance(items, (str, dict)):
+        items = [items]
+    if not isinstance(items, (list, tuple)) or not 1 <= len(items) <= MAX_ITEMS:
+        raise InvalidInputError(f"Give 1 to {MAX_ITEMS} items, each a URL or {{url, query}}.")
+    out = []
+    for i, raw in enumerate(items):
+        if isinstance(raw, ScrapeItem):
+            raw = {"url": raw.url, "query": raw.query}
+        if isinstance(raw, str):
+            raw = {"url": raw}
+        if not isinstance(raw, dict) or not isinstance(raw.get("url"), str) or not raw["url"].strip():
+            raise InvalidInputError(f"Item {i}: needs a 'url' string.")
+        unknown = set(raw) - {"url", "query"}
+        if unknown:
+            raise InvalidInputError(f"Item {i}: unknown keys {sorted(unknown)}; use url and query.")
+        query = raw.get("query")
+        if query is not None and (not isinstance(query, str) or len(query) > MAX_QUERY_CHARS):
+            raise InvalidInputError(f"Item {i}: query must be a string of at most {MAX_QUERY_CHARS} characters.")
+        out.append(ScrapeItem(raw["url"].strip(), query.strip() if query and query.strip() else None))
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def embedder_for(config: TinyContextConfig):
+    """The embedder recall uses for this configuration (loaded once per process); None when the
+    configuration runs keyword-only, and then passages are ranked by BM25 alone."""
+    return open_embedder(config)[0]
+
+
+def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyContextConfig,
+             counter: TokenCounter) -> PageResult:
+    if fetched.outcome != "ok":
+        return PageResult(item, fetched, fetched.outcome)
+    page: ExtractedPage = extract_page(fetched)
+    result = PageResult(item, fetched, "ok", title=page.title, markdown_chars=len(page.markdown))
+    if not page.markdown.strip():
+        result.outcome = "empty"
+        return result
+    result.chunks = chunk_markdown(page.markdown, counter, max_tokens=config.scrape_chunk_tokens)
+    result.markdown_tokens = counter.count(page.markdown)
+    result.links = page.links
+    if item.ranked:
+        order = rank_passages(item.query, [c.text for c in result.chunks], embedder, config)
+        result.chunks = [result.chunks[i] for i, _ in order]
+        if page.links:
+            link_order = rank_passages(item.query, [f"{l.text} {l.url}" for l in page.links], embedder, config)
+            result.links = [page.links[i] for i, _ in link_order]
+    return result
+
+
+async def afetch_and_rank(items: Sequence[ScrapeItem], *, config: TinyContextConfig, fetcher: Fetcher | None = None,
+                          embedder=None) -> list[PageResult]:
+    """Fetch every item concurrently, then extract and rank each page (in worker threads)."""
+    own = fetcher is None
+    fetcher = fetcher or HttpFetcher(config)
+    try:
+        fetched = await asyncio.gather(*(fetcher.fetch(item.url) for item in items))
+    finally:
+        if own:
+            await fetcher.aclose()
+    needs_model = any(item.ranked and f.outcome == "ok" for item, f in zip(items, fetched))
+    if needs_model and embedder is None:
+        embedder = await asyncio.to_thread(embedder_for, config)
+    counter = TokenCounter(config.encoding_name)
+    return list(await asyncio.gather(*(asyncio.to_thread(_process, item, f, embedder, config, counter)
+                                       for item, f in zip(items, fetched))))
+
+
+async def ascrape_urls(items: Any, max_tokens: int | None = None, *, order: str = "page",
+                       config: TinyContextConfig | None = None, fetcher: Fetcher | None = None, embedder=None) -> dict:
+    """Scrape 1-5 ``{url, query?}`` items into one answer of at most ``max_tokens`` tokens.
+
+    Returns the structured content an agent receives (``results``: per item ``url``, ``outcome``,
+    ``title``, ``passages`` with ``text``/``heading``/``start``/``end``, ``links``; plus
+    ``total_tokens``, ``max_tokens``, ``truncated``) and its rendering under ``text``; each of the
+    two counts at most ``max_tokens``. ``order``: passages per page in ``page`` order or ``rank`` order.
+    """
+    config = config or TinyContextConfig()
+    parsed = check_items(items)
+    budget = check_agent_budget(config.scrape_max_tokens if max_tokens is None else max_tokens)
+    if order not in ORDERS:
+        raise InvalidInputError(f"order must be one of {', '.join(ORDERS)}, got {order!r}.")
+    pages = await afetch_and_rank(parsed, config=config, fetcher=fetcher, embedder=embedder)
+    counter = TokenCounter(config.encoding_name)
+    fitted = await asyncio.to_thread(scrape_page, pages, max_tokens=budget, counter=counter,
+                                     links_max_tokens=config.scrape_links_max_tokens, order=order)
+    return {**fitted.structured, "text": fitted.text}
+
+
+def scrape_urls(items: Any, max_tokens: int | None = None, *, order: str = "page", config: TinyContextConfig | None = None,
+                fetcher: Fetcher | None = None, embedder=None) -> dict:
+    """Blocking :func:`ascrape_urls` (call that one from async code)."""
+    return asyncio.run(ascrape_urls(items, max_tokens, order=order, config=config, fetcher=fetcher, embedder=embedder))
