@@ -102,10 +102,47 @@ class DeleteManyOutput(_Open):
     next: str | None = Field(None, description="What to call to delete for real (dry runs).")
 
 
+class SearchResult(_Open):
+    query: str
+    outcome: str = Field(description="ok, no_results, blocked, unavailable or invalid.")
+    results: list[dict[str, Any]] = Field(description="{title, url, snippet, date?} in the backend's order.")
+
+
+class SearchOutput(_Open):
+    searches: list[SearchResult]
+    total_tokens: int
+    max_tokens: int
+    truncated: bool
+
+
+class ScrapedPage(_Open):
+    url: str
+    outcome: str = Field(description="ok, blocked, http_error, timeout, too_large, unsupported_type, empty, unavailable, invalid.")
+    title: str | None = None
+    passages: list[dict[str, Any]] | None = Field(None, description="{text, start, end, headings?} original text of the page.")
+    links: list[dict[str, Any]] | None = None
+
+
+class ScrapeOutput(_Open):
+    results: list[ScrapedPage]
+    total_tokens: int
+    max_tokens: int
+    truncated: bool
+
+
+class DatetimeOutput(_Open):
+    utc: str
+    local: str
+    timezone: str
+    utc_offset: str
+    weekday: str
+
+
 OUTPUTS: dict[str, type[BaseModel]] = {
     "save_memories": SaveOutput, "recall_memories": RecallOutput, "update_memory": MemoryOutput,
     "get_memory": MemoryOutput, "delete_memory": DeleteOutput, "list_memories": ListOutput,
     "list_sessions": SessionsOutput, "delete_memories": DeleteManyOutput,
+    "search": SearchOutput, "scrape_urls": ScrapeOutput, "current_datetime": DatetimeOutput,
 }
 
 
