@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -28,9 +29,8 @@ def locomo_slice(shared_dir: Path, out: Path) -> Path:
     samples = json.loads((shared_dir / "datasets" / "locomo" / "locomo-dev.json").read_text(encoding="utf-8"))[:2]
     for sample in samples:
         conv = sample["conversation"]
-        for key in [k for k in conv if k.startswith("session_") and not k.startswith(("session_1", "session_2"))]:
+        for key in [k for k in conv if re.fullmatch(r"session_\d+(_date_time)?", k) and k.split("_")[1] not in ("1", "2")]:
             del conv[key]
-        conv.pop("session_10", None), conv.pop("session_11", None)  # session_1x matched the prefix above
     out.write_text(json.dumps(samples), encoding="utf-8")
     return out
 
