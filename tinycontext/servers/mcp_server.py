@@ -217,5 +217,5 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
     web_tools.register(server, config)
     register_browser(server, config)
     browse.register(server, config)
-    server.output_schemas = output_schemas()
+    server.output_schemas = {**output_schemas(), **web_tools.OUTPUT_SCHEMAS}
     return server

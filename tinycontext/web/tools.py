@@ -33,6 +33,25 @@ class ScrapeItemModel(BaseModel):
     query: str | None = Field(None, description="What to look for on the page; omit or '*' for the page itself in order.")
 
 
+_PASSAGE = {"type": "object", "properties": {"text": {"type": "string"}, "start": {"type": "integer"},
+                                            "end": {"type": "integer"}, "heading": {"type": "string"}}}
+_ENVELOPE = {"total_tokens": {"type": "integer"}, "max_tokens": {"type": "integer"}, "truncated": {"type": "boolean"},
+             "omitted": {"type": "integer"}, "needed_tokens": {"type": "integer"}}
+# JSON schemas of the tools' structured content (MCP outputSchema).
+OUTPUT_SCHEMAS = {
+    "search": {"type": "object", "required": ["searches"], "properties": {**_ENVELOPE, "searches": {"type": "array", "items": {
+        "type": "object", "properties": {"query": {"type": "string"}, "outcome": {"type": "string"}, "backend": {"type": "string"},
+                                         "detail": {"type": "string"}, "results": {"type": "array", "items": {"type": "object"}}}}}}},
+    "scrape_urls": {"type": "object", "required": ["results"], "properties": {**_ENVELOPE, "results": {"type": "array", "items": {
+        "type": "object", "properties": {"url": {"type": "string"}, "outcome": {"type": "string"}, "final_url": {"type": "string"},
+                                         "status": {"type": "integer"}, "detail": {"type": "string"}, "title": {"type": "string"},
+                                         "passages": {"type": "array", "items": _PASSAGE},
+                                         "links": {"type": "array", "items": {"type": "object"}}}}}}},
+    "current_datetime": {"type": "object", "required": ["utc", "local"], "properties": {
+        k: {"type": "string"} for k in ("utc", "local", "timezone", "utc_offset", "weekday")}},
+}
+
+
 def _split(answer: dict) -> tuple[str, dict]:
     structured = dict(answer)
     return structured.pop("text"), structured
