@@ -16,6 +16,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -34,6 +35,10 @@ class Doc:
     id: str
     text: str
     session: str
+    # Conversation turns: what a caller states besides the text (speaker, occurred_at, attachments),
+    # and the save call the doc belongs to (a chat session); docs of one batch are saved together.
+    fields: dict = field(default_factory=dict)
+    batch: str = ""
 
 
 @dataclass
@@ -157,14 +162,35 @@ def locomo_turn_text(turn: dict) -> str:
     return text
 
 
-def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: str = "locomo") -> EvalDataset:
+def locomo_turn(turn: dict, date_time: str) -> dict:
+    """A turn as the engine's conversation API takes it (README, "Saving a conversation")."""
+    fields = {"speaker": turn["speaker"]}
+    for pattern in ("%I:%M %p on %d %B, %Y", "%d %B, %Y", "%d %B %Y"):  # LoCoMo writes "1:56 pm on 8 May, 2023"
+        try:
+            fields["occurred_at"] = datetime.strptime(" ".join(date_time.split()), pattern).isoformat(timespec="minutes")
+            break
+        except ValueError:
+            continue
+    if turn.get("blip_caption"):
+        fields["attachments"] = [turn["blip_caption"]]
+    return fields
+
+
+def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: str = "locomo",
+                memory_format: Literal["turns", "text"] = "turns") -> EvalDataset:
     """LoCoMo: each dialogue turn is a memory, one session per conversation, evidence turns are the qrels.
 
     Categories 1-4 are answerable from evidence turns; category 5 is adversarial (questions about
     things that never happened: no answer exists) and is left out by default. The shipped
     conversations are the dev split: configs are tuned on them, and the test score of a choice is
     estimated by leave-one-conversation-out cross-validation.
+
+    ``memory_format``: ``turns`` saves each chat session in one call, a turn per memory with its
+    speaker, time and image caption (the README's recipe); ``text`` saves "Speaker: text [shares a
+    photo: caption]" strings, the whole conversation in one call.
     """
+    if memory_format not in ("turns", "text"):
+        raise ConfigError(f"dataset.memory_format must be turns or text, got {memory_format!r}.")
     file = Path(path).expanduser()
     try:
         samples = json.loads(file.read_text(encoding="utf-8"))
@@ -184,7 +210,11 @@ def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: st
         for n in numbers:
             for turn in conversation[f"session_{n}"]:
                 known.add(turn["dia_id"])
-                docs.append(Doc(f"{conv_id}:{turn['dia_id']}", locomo_turn_text(turn), conv_id))
+                if memory_format == "turns":
+                    docs.append(Doc(f"{conv_id}:{turn['dia_id']}", turn.get("text", "").strip(), conv_id,
+                                    locomo_turn(turn, conversation.get(f"session_{n}_date_time", "")), f"session_{n}"))
+                else:
+                    docs.append(Doc(f"{conv_id}:{turn['dia_id']}", locomo_turn_text(turn), conv_id))
         for i, qa in enumerate(sample["qa"]):
             # Some evidence entries pack several ids ("D8:6; D9:17"); a few name turns that do not exist.
             evidence = [e for raw in qa.get("evidence", []) for e in _DIA_ID.findall(raw) if e in known]
@@ -197,7 +227,7 @@ def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: st
             query_info[qid] = {"category": int(qa["category"])}
     return EvalDataset(
         name=name, docs=docs, queries=queries, qrels=qrels, query_sessions=sessions, naive_dump="session",
-        fingerprint=sha256_files(file), info={"format": "locomo", "categories": sorted(wanted)},
+        fingerprint=sha256_files(file), info={"format": "locomo", "categories": sorted(wanted), "memory_format": memory_format},
         splits={"dev": list(queries)}, tune_split="dev", test_split="dev", cross_validate="session",
         query_info=query_info,
     )

@@ -117,7 +117,8 @@ def _overrides(node) -> dict:
 
 
 def index_key(dataset: EvalDataset, embedder: CachedEmbedder, index_overrides: dict) -> str:
-    parts = {"dataset": dataset.fingerprint, "loader": dataset.info.get("loader_code"), "docs": len(dataset.docs),
+    # info holds the loader's choices (e.g. LoCoMo's memory_format) that change what is saved.
+    parts = {"dataset": dataset.fingerprint, "loader": dataset.info.get("loader_code"), "docs": len(dataset.docs), "info": dataset.info,
              "identity": embedder.identity, "vectors": embedder.key, "engine": engine_source(), "harness": harness_source(),
              "settings": index_overrides}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
@@ -145,9 +146,10 @@ def ensure_index(dataset: EvalDataset, embedder: CachedEmbedder, cache_dir: Path
 
 def _build_index(dataset: EvalDataset, embedder: CachedEmbedder, path: Path, index_overrides: dict) -> dict:
     config = TinyContextConfig(memory_db_path=path, **index_overrides)
-    by_session: dict[str, list] = {}
+    # One save call per (session, batch): a conversation's chat sessions are saved one by one.
+    by_session: dict[tuple[str, str], list] = {}
     for doc in dataset.docs:
-        by_session.setdefault(doc.session, []).append(doc)
+        by_session.setdefault((doc.session, doc.batch), []).append(doc)
     doc_ids: dict[int, list[str]] = {}
     skipped = 0
     computed_before = embedder.computed
@@ -155,10 +157,10 @@ def _build_index(dataset: EvalDataset, embedder: CachedEmbedder, path: Path, ind
     # One progress bar for the whole job (the engine's own bar would restart at every save batch).
     with MemoryEngine(config, embedder=embedder) as engine, \
             tqdm(total=len(dataset.docs), desc=f"indexing {dataset.name}", unit="doc") as bar:
-        for session, docs in by_session.items():
+        for (session, _), docs in by_session.items():
             for start in range(0, len(docs), config.max_batch_size):
                 batch = docs[start:start + config.max_batch_size]
-                result = engine.save([{"content": d.text, "metadata": {"doc_id": d.id}} for d in batch], session_id=session)
+                result = engine.save([{"content": d.text, "metadata": {"doc_id": d.id}, **d.fields} for d in batch], session_id=session)
                 for item in result["saved"]:
                     doc_ids[item["id"]] = [batch[item["index"]].id]
                 # An exact duplicate text is one memory; credit it to every document that has that text.

@@ -105,9 +105,10 @@ def test_explicit_episode_spans_calls(hash_engine):
 def test_date_words_speaker_and_captions_are_searchable(hash_engine):
     hash_engine.save(CHAT_1, session_id="chat")
     hash_engine.save(CHAT_2, session_id="chat")
-    by_date = hash_engine.recall("June 2023", dense_weight=0.0)["memories"]
+    plain_ranking = {"dense_weight": 0.0, "episode_weight": 0.0, "neighbour_weight": 0.0}  # BM25 alone
+    by_date = hash_engine.recall("June 2023", **plain_ranking)["memories"]
     assert [m["occurred_at"] for m in by_date[:2]] == ["2023-06-20"] * 2 and len(by_date) == 5
-    by_caption = hash_engine.recall("photo grass", dense_weight=0.0)["memories"]
+    by_caption = hash_engine.recall("photo grass", **plain_ranking)["memories"]
     assert by_caption[0]["content"] == "A beagle, she loves the park."
 
 
@@ -147,6 +148,23 @@ def test_rerank_speaker_boost_neighbours_and_episodes():
     ranked = rerank(_cands(0.10, 0.09, 0.095), info, query="q", speaker_boost=0.0, episode_hits=[(20, 5.0), (10, 1.0)],
                     dense_hits=[(3, 0.9), (1, 0.2)], episode_weight=0.2, neighbour_weight=0.0)
     assert [c.id for c in ranked] == [3, 1, 2]
+
+
+def test_neighbour_joins_only_when_expanding():
+    info = {1: (10, "Ana"), 2: (10, "Ben"), 5: (20, "Ben")}
+    args = dict(query="q", episode_hits=[], dense_hits=[], episode_weight=0.0, neighbour_weight=0.5, speaker_boost=0.0)
+    assert [c.id for c in rerank([Candidate(1, rrf=0.1)], info, **args)] == [1]
+    joined = rerank([Candidate(1, rrf=0.1)], info, expand=True, **args)
+    assert [(c.id, c.rrf) for c in joined] == [(1, 0.1), (2, pytest.approx(0.05))] and joined[1].bm25_rank is None
+
+
+def test_recall_adds_the_answer_after_a_question_unless_filtered(hash_engine):
+    ids = hash_engine.save([{"content": "Which city did you move to?", "speaker": "Ben", "tags": ["q"]},
+                            {"content": "Lisbon, last spring.", "speaker": "Ana"}], session_id="chat")["ids"]
+    found = [m["id"] for m in hash_engine.recall("which city did you move to", session_id="chat", dense_weight=0.0)["memories"]]
+    assert found == ids
+    filtered = hash_engine.recall("which city did you move to", session_id="chat", dense_weight=0.0, tags=["q"])["memories"]
+    assert [m["id"] for m in filtered] == ids[:1]
 
 
 def test_plain_memories_rank_as_before(config):

@@ -84,7 +84,12 @@ def test_locomo(tmp_path):
     file.write_text(json.dumps([sample]), encoding="utf-8")
     ds = load_locomo(file)
     assert [d.id for d in ds.docs] == ["conv-1:D1:1", "conv-1:D1:2", "conv-1:D2:1"]
-    assert ds.docs[1].text == "Ben: Nice! [shares a photo: a puppy]" and {d.session for d in ds.docs} == {"conv-1"}
+    assert {d.session for d in ds.docs} == {"conv-1"}
+    # Default: the README's recipe, one save call per chat session, a turn per memory with its facts.
+    assert (ds.docs[1].text, ds.docs[1].batch) == ("Nice!", "session_1") and ds.docs[2].batch == "session_2"
+    assert ds.docs[1].fields == {"speaker": "Ben", "occurred_at": "2023-05-01T00:00", "attachments": ["a puppy"]}
+    text = load_locomo(file, memory_format="text")
+    assert text.docs[1].text == "Ben: Nice! [shares a photo: a puppy]" and text.docs[1].fields == {} and text.docs[1].batch == ""
     assert ds.queries == {"conv-1:q0": "What pet?", "conv-1:q1": "Name?"}
     assert ds.qrels["conv-1:q1"] == {"conv-1:D1:1": 1, "conv-1:D2:1": 1}  # packed ids split, unknown D9:9 dropped
     assert ds.query_sessions == {"conv-1:q0": "conv-1", "conv-1:q1": "conv-1"} and ds.naive_dump == "session"

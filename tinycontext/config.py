@@ -77,8 +77,8 @@ class TinyContextConfig(BaseModel):
     # Conversations (tinycontext/conversation.py): a turn gains weight / (3 + its episode's rank), a
     # share of the score of the turn before/after it, and x(1 + boost) when the query names its speaker.
     # 0 turns a signal off. Chosen on LoCoMo dev with leave-one-conversation-out checks (notes/locomo.md).
-    recall_episode_weight: float = Field(0.2, ge=0.0, le=10.0)
-    recall_neighbour_weight: float = Field(0.3, ge=0.0, le=1.0)
+    recall_episode_weight: float = Field(0.3, ge=0.0, le=10.0)
+    recall_neighbour_weight: float = Field(0.5, ge=0.0, le=1.0)
     recall_speaker_boost: float = Field(0.5, ge=0.0, le=10.0)
     # Which memories of one save call form an episode when they name none: "turns" (those with a
     # speaker), "all", or "none".

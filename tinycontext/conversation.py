@@ -10,8 +10,9 @@ Recall uses these in :func:`rerank`, after rank fusion:
 - **episode**: episodes are ranked by BM25 over their whole text fused with their best turn's dense
   similarity; each turn gains ``episode_weight / (EPISODE_K + episode rank)``. A question's words
   are often spread over the turns that answer it.
-- **neighbours**: a candidate gains ``neighbour_weight`` x the score of the turn before/after it in
-  the same episode (an answer follows a question).
+- **neighbours**: a turn gains ``neighbour_weight`` x the score of the candidate before/after it in
+  the same episode (an answer follows a question); with ``expand`` a neighbour that was not a
+  candidate joins the list this way.
 - **speaker**: when the query names exactly one of the candidates' speakers, that speaker's turns'
   scores are multiplied by ``1 + speaker_boost``.
 
@@ -155,12 +156,14 @@ def mentioned_speaker(query: str, speakers: set[str]) -> str | None:
 
 def rerank(ranked: list[Candidate], info: dict[int, tuple[int | None, str | None]], *, query: str,
            episode_hits: list[tuple[int, float]], dense_hits: list[tuple[int, float]],
-           episode_weight: float, neighbour_weight: float, speaker_boost: float) -> list[Candidate]:
+           episode_weight: float, neighbour_weight: float, speaker_boost: float, expand: bool = False) -> list[Candidate]:
     """Fused candidates re-scored with their episodes, neighbours and speakers; best first.
 
-    ``info`` maps candidate id -> (episode id, speaker). Only candidates are re-scored (a neighbour
-    outside the list is not added), so whatever filtered the candidates still holds.
+    ``info`` maps memory id -> (episode id, speaker) for the candidates and, with ``expand``, their
+    id neighbours. Without ``expand`` only candidates are re-scored, so whatever filtered the
+    candidates still holds; with it, a neighbour in the same episode may join.
     """
+    ranked = list(ranked)
     by_id = {c.id: c for c in ranked}
     base = {c.id: c.rrf for c in ranked}
     if neighbour_weight > 0:
@@ -169,8 +172,12 @@ def rerank(ranked: list[Candidate], info: dict[int, tuple[int | None, str | None
             if episode is None:
                 continue
             for other in (cid - 1, cid + 1):  # one save call writes an episode's turns with consecutive ids
-                if other in by_id and info.get(other, (None, None))[0] == episode:
-                    by_id[other].rrf += neighbour_weight * score
+                if info.get(other, (None, None))[0] != episode or (other not in by_id and not expand):
+                    continue
+                if other not in by_id:
+                    by_id[other] = Candidate(other)
+                    ranked.append(by_id[other])
+                by_id[other].rrf += neighbour_weight * score
     if episode_weight > 0:
         best_dense: dict[int, float] = {}
         for cid, similarity in dense_hits:

@@ -480,7 +480,9 @@ class MemoryEngine:
         dense_hits = self._dense(query, session, tag_list, depth, filters, vector=vector.result()) if vector else []
         ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
         if ranked and (episode_weight or neighbour_weight or speaker_boost):
-            ranked = self._conversation_rerank(query, session, ranked, dense_hits, episode_weight, neighbour_weight, speaker_boost)
+            # A neighbour outside the candidates may join only when nothing filtered them.
+            ranked = self._conversation_rerank(query, session, ranked, dense_hits, episode_weight, neighbour_weight, speaker_boost,
+                                               expand=not tag_list and not filters)
         window = ranked[offset:]
         rows = self._rows([c.id for c in window])
         memories = [
@@ -490,17 +492,21 @@ class MemoryEngine:
         return {"query": query, "session_id": session, "top_k": top_k, "window": memories, "candidates": len(ranked)}
 
     def _conversation_rerank(self, query: str, session: str | None, ranked: list, dense_hits: list, episode_weight: float,
-                             neighbour_weight: float, speaker_boost: float) -> list:
+                             neighbour_weight: float, speaker_boost: float, *, expand: bool) -> list:
+        ids = {c.id for c in ranked}
+        if neighbour_weight and expand:
+            ids |= {c.id + step for c in ranked for step in (-1, 1)}
         info = {r[0]: (r[1], r[2]) for r in self.store.read(
             "SELECT id, episode_id, speaker FROM memories WHERE id IN (SELECT value FROM json_each(?)) "
-            "AND (episode_id IS NOT NULL OR speaker IS NOT NULL)", (json.dumps([c.id for c in ranked]),))}
-        if not info:  # no conversation turns among the candidates: nothing to re-score
+            "AND (episode_id IS NOT NULL OR speaker IS NOT NULL)", (json.dumps(sorted(ids)),))}
+        if not info.keys() & {c.id for c in ranked}:  # no conversation turns among the candidates: nothing to re-score
             return ranked
         has_episodes = any(e is not None for e, _ in info.values())
         episode_hits = conversation.episode_bm25(self.store, query, session) if episode_weight and has_episodes else []
         return conversation.rerank(ranked, info, query=query, episode_hits=episode_hits, dense_hits=dense_hits,
                                    episode_weight=episode_weight if has_episodes else 0.0,
-                                   neighbour_weight=neighbour_weight if has_episodes else 0.0, speaker_boost=speaker_boost)
+                                   neighbour_weight=neighbour_weight if has_episodes else 0.0, speaker_boost=speaker_boost,
+                                   expand=expand)
 
     @staticmethod
     def _filter_sql(tags: Sequence[str], filters: Filters | None, id_column: str) -> tuple[str, list]:
