@@ -269,6 +269,8 @@ def _scrape_args(parser):
     parser.add_argument("--query", help="keep only the passages that answer this (default: the page in order)")
     parser.add_argument("--max-tokens", type=int, help="token budget shared by all pages")
     parser.add_argument("--order", choices=("page", "rank"), default="page", help="passages in page order or best first")
+    parser.add_argument("--backend", choices=("http", "browser", "auto"),
+                        help="fetch over HTTP, in the browser, or auto: the browser for script-built pages (default: scrape_backend)")
     parser.add_argument("--json", action="store_true", help="print the structured answer (compact JSON, within --max-tokens)")
 
 
@@ -277,7 +279,7 @@ def scrape(args):
     from .web import scrape_urls
 
     answer = scrape_urls([{"url": u, "query": args.query} for u in args.url], args.max_tokens, order=args.order,
-                         config=config_of(args))
+                         config=config_of(args), backend=args.backend)
     text = answer.pop("text")
     print(to_json(answer) if args.json else text)
 

@@ -29,6 +29,8 @@ from .rank import rank_passages
 MAX_ITEMS = 5
 MAX_QUERY_CHARS = 1000
 ORDERS = ("page", "rank")
+# How pages are fetched: see tinycontext.web.browser.fetcher for browser and auto.
+BACKENDS = ("http", "browser", "auto")
 
 
 @dataclass
@@ -127,20 +129,35 @@ async def afetch_and_rank(items: Sequence[ScrapeItem], *, config: TinyContextCon
 
 
 async def ascrape_urls(items: Any, max_tokens: int | None = None, *, order: str = "page",
-                       config: TinyContextConfig | None = None, fetcher: Fetcher | None = None, embedder=None) -> dict:
+                       config: TinyContextConfig | None = None, fetcher: Fetcher | None = None, embedder=None,
+                       backend: str | None = None) -> dict:
     """Scrape 1-5 ``{url, query?}`` items into one answer of at most ``max_tokens`` tokens.
 
     Returns the structured content an agent receives (``results``: per item ``url``, ``outcome``,
     ``title``, ``passages`` with ``text``/``heading``/``start``/``end``, ``links``; plus
     ``total_tokens``, ``max_tokens``, ``truncated``) and its rendering under ``text``; each of the
     two counts at most ``max_tokens``. ``order``: passages per page in ``page`` order or ``rank`` order.
+    ``backend`` (default ``scrape_backend``): ``http``, ``browser`` or ``auto`` (see
+    :mod:`tinycontext.web.browser.fetcher`); a ``fetcher`` given explicitly wins.
     """
     config = config or TinyContextConfig()
     parsed = check_items(items)
     budget = check_agent_budget(config.scrape_max_tokens if max_tokens is None else max_tokens)
     if order not in ORDERS:
         raise InvalidInputError(f"order must be one of {', '.join(ORDERS)}, got {order!r}.")
-    pages = await afetch_and_rank(parsed, config=config, fetcher=fetcher, embedder=embedder)
+    backend = backend or config.scrape_backend
+    if backend not in BACKENDS:
+        raise InvalidInputError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}.")
+    own = fetcher is None and backend != "http"
+    if own:
+        from .browser.fetcher import fetcher_for  # Playwright is an optional extra
+
+        fetcher = fetcher_for(backend, config)
+    try:
+        pages = await afetch_and_rank(parsed, config=config, fetcher=fetcher, embedder=embedder)
+    finally:
+        if own:
+            await fetcher.aclose()
     counter = TokenCounter(config.encoding_name)
     fitted = await asyncio.to_thread(scrape_page, pages, max_tokens=budget, counter=counter,
                                      links_max_tokens=config.scrape_links_max_tokens, order=order)
@@ -148,6 +165,7 @@ async def ascrape_urls(items: Any, max_tokens: int | None = None, *, order: str 
 
 
 def scrape_urls(items: Any, max_tokens: int | None = None, *, order: str = "page", config: TinyContextConfig | None = None,
-                fetcher: Fetcher | None = None, embedder=None) -> dict:
+                fetcher: Fetcher | None = None, embedder=None, backend: str | None = None) -> dict:
     """Blocking :func:`ascrape_urls` (call that one from async code)."""
-    return asyncio.run(ascrape_urls(items, max_tokens, order=order, config=config, fetcher=fetcher, embedder=embedder))
+    return asyncio.run(ascrape_urls(items, max_tokens, order=order, config=config, fetcher=fetcher, embedder=embedder,
+                                    backend=backend))

@@ -82,9 +82,12 @@ def register(server, config: TinyContextConfig) -> None:
         items: Annotated[list[ScrapeItemModel], Field(description="Pages to read: {url, query?} each.")],
         max_tokens: Annotated[int | None, Field(description="Token budget shared by all pages.")] = None,
         order: Annotated[str, Field(description="Passages of a page in 'page' order or best-first 'rank' order.")] = "page",
+        backend: Annotated[str | None, Field(description=(
+            "How to fetch: 'http'; 'browser' (a real browser runs the page's scripts); 'auto' (http, then the browser "
+            "for a page whose HTML has no main content). Default: the scrape_backend setting."))] = None,
     ) -> CallToolResult:
         raw = [i.model_dump(exclude_none=True) for i in items]
-        return await answer(lambda: ascrape_urls(raw, max_tokens, order=order, config=config))
+        return await answer(lambda: ascrape_urls(raw, max_tokens, order=order, config=config, backend=backend))
 
     @server.tool(
         name="current_datetime",
@@ -107,6 +110,7 @@ class ScrapeRequest(BaseModel):
     items: list[ScrapeItemModel] = Field(description=f"1-{SCRAPE_MAX_ITEMS} pages: {{url, query?}} each.")
     max_tokens: int | None = Field(None, description="Token budget shared by all pages.")
     order: str = Field("page", description="Passages of a page in 'page' or 'rank' order.")
+    backend: str | None = Field(None, description="http, browser or auto (default: scrape_backend).")
 
 
 def router(get_config: Callable[[], TinyContextConfig]):
@@ -136,7 +140,7 @@ def router(get_config: Callable[[], TinyContextConfig]):
     async def scrape_endpoint(body: ScrapeRequest):
         current = enabled()
         answer = await ascrape_urls([i.model_dump(exclude_none=True) for i in body.items], body.max_tokens,
-                                    order=body.order, config=current)
+                                    order=body.order, config=current, backend=body.backend)
         return JSONResponse(_split(answer)[1])
 
     @api.get("/current_datetime", summary="UTC and local time now")
