@@ -195,3 +195,20 @@ def test_mcp_browse(tmp_path):
         anyio.run(scenario)
     finally:
         close_engines()
+
+
+def test_expiry_survives_export_and_import(hash_engine, tmp_path):
+    import io
+
+    from conftest import HashEmbedder
+    from tinycontext import MemoryEngine
+    from tinycontext.transfer import export_jsonl, import_jsonl
+
+    later = hash_engine.save([{"content": "door code for tomorrow", "ttl_seconds": 3600}, {"content": "door is red"}])["ids"]
+    expected = dict(hash_engine.store.read("SELECT content, expires_at FROM memories"))
+    buffer = io.StringIO()
+    export_jsonl(hash_engine, buffer)
+    with MemoryEngine(TinyContextConfig(memory_db_path=tmp_path / "copy.db"), embedder=HashEmbedder()) as copy:
+        import_jsonl(copy, io.StringIO(buffer.getvalue()))
+        assert dict(copy.store.read("SELECT content, expires_at FROM memories")) == expected
+    assert expected["door code for tomorrow"] and expected["door is red"] is None and len(later) == 2

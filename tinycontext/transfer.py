@@ -74,13 +74,14 @@ def iter_export(source: MemoryEngine | Store, *, session_id: str | None = None, 
                             "WHERE memory_id IN (SELECT value FROM json_each(?)) ORDER BY memory_id, version", (ids,)):
             history.setdefault(r[0], []).append({"version": r[1], "content": r[2], "tags": json.loads(r[3]),
                                                  "metadata": json.loads(r[4]), "created_at": r[5], "superseded_at": r[6]})
-        uids = dict(store.read("SELECT id, uid FROM memories WHERE id IN (SELECT value FROM json_each(?))", (ids,)))
+        extra = {r[0]: r[1:] for r in store.read("SELECT id, uid, expires_at FROM memories WHERE id IN (SELECT value FROM json_each(?))", (ids,))}
         blobs = dict(store.read("SELECT memory_id, embedding FROM memory_vectors WHERE memory_id IN (SELECT value FROM json_each(?))",
                                 (ids,))) if vectors and identity else {}
         for r in rows:
             memory = row_to_memory(r)
             memory.pop("tokens")  # depends on the target's encoding; recounted on import
-            record = {"type": "memory", **memory, "uid": uids[memory["id"]], "history": history.get(memory["id"], [])}
+            uid, expires_at = extra[memory["id"]]
+            record = {"type": "memory", **memory, "uid": uid, "expires_at": expires_at, "history": history.get(memory["id"], [])}
             if memory["id"] in blobs:
                 record["vector"] = base64.b64encode(blobs[memory["id"]]).decode("ascii")
             yield record
