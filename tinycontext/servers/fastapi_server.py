@@ -28,6 +28,7 @@ from ..render import MIN_AGENT_TOKENS, Detail
 from ..web.browser.tools import router as browser_router
 from . import browse
 from .guard import ServeSettings, protect
+from .mcp_schemas import SaveOutput
 from .health import health_report
 
 log = logging.getLogger(__name__)
@@ -73,21 +74,6 @@ class UpdateRequest(IdRequest):
     tags: list[str] | None = Field(None, description="New tags (replace the old ones).")
     metadata: dict[str, Any] | None = Field(None, description="New metadata (replaces the old one).")
     expected_version: int | None = Field(None, description="Only update if still at this version; else 409 conflict.")
-
-
-class Saved(BaseModel):
-    index: int
-    id: int
-    tokens: int
-
-
-class SaveResponse(BaseModel):
-    session_id: str
-    ids: list[int]
-    saved: list[Saved]
-    skipped: list[dict[str, Any]] = Field(description="{index, reason: duplicate|near_duplicate, duplicate_of|similar_to}")
-    near_duplicates: list[dict[str, Any]] = Field(description="{index, similar_to, similarity} for saved near-duplicates")
-    total_tokens: int
 
 
 class Memory(BaseModel):
@@ -230,7 +216,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     def health() -> dict:
         return health_report(engines())
 
-    @app.post("/save_memories", response_model=SaveResponse, summary="Save memories into a session")
+    @app.post("/save_memories", response_model=SaveOutput, summary="Save memories into a session")
     def save_memories(body: SaveRequest) -> dict:
         return engines().save(body.memories, session_id=body.session_id, episode=body.episode)
 
