@@ -16,3 +16,8 @@ if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null 
         echo "note: no Chromium found; the browser tools need one (apt-get install chromium, or set browser_executable_path)" >&2
     fi
 fi
+# The MCP Inspector CLI (npm) validates the MCP surface in a test; installed here so no test downloads anything.
+if command -v npm >/dev/null; then
+    npm install --silent --no-audit --no-fund --prefix .venv/node @modelcontextprotocol/inspector >/dev/null \
+        || echo "note: could not install the MCP Inspector; its test will be skipped" >&2
+fi

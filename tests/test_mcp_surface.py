@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 import httpx
@@ -96,18 +96,16 @@ def test_http_opens_the_engine_at_server_start(config, monkeypatch):
         assert not anyio.run(recall, base + "/mcp").isError
 
 
-@pytest.mark.skipif(shutil.which("npx") is None, reason="npx (Node.js) is not installed")
+INSPECTOR = Path(__file__).resolve().parents[1] / ".venv" / "node" / "node_modules" / ".bin" / "mcp-inspector"
+
+
+@pytest.mark.skipif(not INSPECTOR.is_file(), reason="the MCP Inspector is not installed (scripts/setup.sh installs it with npm)")
 def test_mcp_inspector_cli_lists_the_tools(tmp_path):
     """The official MCP Inspector (npm @modelcontextprotocol/inspector) in CLI mode against `tinycontext mcp`."""
     (tmp_path / "config.json").write_text(json.dumps({"memory_db_path": str(tmp_path / "m.db"), "models_dir": str(tmp_path / "models")}))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}, "TINYCONTEXT_CONFIG_PATH": str(tmp_path / "config.json")}
-    base = ["npx", "-y", "@modelcontextprotocol/inspector", "--cli", sys.executable, "-m", "tinycontext.cli", "mcp"]
-    try:
-        listed = subprocess.run([*base, "--method", "tools/list"], capture_output=True, text=True, env=env, timeout=300)
-    except subprocess.TimeoutExpired:
-        pytest.skip("npx could not fetch the inspector in time (offline npm cache?)")
-    if listed.returncode != 0 and ("ENOTFOUND" in listed.stderr or "EAI_AGAIN" in listed.stderr):
-        pytest.skip("the npm registry is unreachable")
+    base = [str(INSPECTOR), "--cli", sys.executable, "-m", "tinycontext.cli", "mcp"]
+    listed = subprocess.run([*base, "--method", "tools/list"], capture_output=True, text=True, env=env, timeout=300)
     assert listed.returncode == 0, listed.stderr[-2000:]
     tools = {t["name"]: t for t in json.loads(listed.stdout)["tools"]}
     assert {"save_memories", "recall_memories", "list_memories", "list_sessions", "delete_memories"} <= set(tools)
