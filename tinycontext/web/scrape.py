@@ -82,6 +82,20 @@ def check_items(items: Any) -> list[ScrapeItem]:
     return out
 
 
+# What decides the vectors an embedder makes (its cache, batch and thread settings do not).
+_VECTOR_FIELDS = ("embedding_backend", "embedding_model", "models_dir", "embedding_url", "embedding_dimensions",
+                  "dense_query_prefix", "dense_document_prefix")
+
+
+def shared_embedder(engine, config: TinyContextConfig):
+    """The memory ``engine``'s embedder when it embeds as ``config`` would (so a server holds one copy of
+    the model); None otherwise, or when the engine runs keyword-only, and then scrape loads its own."""
+    if engine is None or engine.embedder is None:
+        return None
+    same = all(getattr(engine.config, name) == getattr(config, name) for name in _VECTOR_FIELDS)
+    return engine.embedder if same else None
+
+
 @functools.lru_cache(maxsize=4)
 def embedder_for(config: TinyContextConfig):
     """The embedder recall uses for this configuration (loaded once per process); None when the
