@@ -133,8 +133,8 @@ def test_model_mismatch_then_reindex(config, other):
     with MemoryEngine(config, embedder=HashEmbedder()) as eng:
         ids = eng.save(["alpha memory about rivers", "beta memory about mountains", "gamma memory about oceans"])["ids"]
         before = counts(eng)
-    with pytest.raises(ModelMismatchError) as err:
-        MemoryEngine(config, embedder=other)
+    with pytest.raises(ModelMismatchError) as err, MemoryEngine(config, embedder=other) as eng:
+        eng.save(["delta memory about lakes"])
     assert err.value.code == "model_mismatch" and "reindex" in err.value.message
     assert err.value.details["stored"] == HashEmbedder().identity and err.value.details["configured"] == other.identity
     # Nothing lost: the original embedder still opens it and finds everything.
@@ -156,8 +156,8 @@ def test_empty_database_rebinds_without_complaint(config):
     with MemoryEngine(config, embedder=HashEmbedder()) as eng:
         eng.delete(eng.save(["temporary"])["ids"][0])
     with MemoryEngine(config, embedder=HashEmbedder(dimensions=16, model="new")) as eng:
-        assert eng.stats()["embedder"]["model"] == "new"
         assert eng.save(["works"])["ids"]
+        assert eng.stats()["embedder"]["model"] == "new"
 
 
 def test_concurrent_first_open_keeps_vectors(config):

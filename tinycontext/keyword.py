@@ -43,6 +43,21 @@ def open_embedder(config: "TinyContextConfig") -> tuple["EmbedderProtocol | None
         return None, f"embedding model unavailable: {err.message}"
 
 
+def bind(store: "Store", config: "TinyContextConfig", embedder: "EmbedderProtocol | None") -> int:
+    """Make the stored vectors fit ``embedder`` (None: keyword-only); how many memories were embedded.
+
+    Raises model_mismatch when the database was built by another model and ``config.reindex`` is not
+    'auto'. With 'auto', memories saved while no model was available get their vectors too."""
+    if embedder is None:
+        ensure_vector_table(store)
+        return 0
+    embedded = store.bind_embedder(embedder.identity, reindex=config.reindex,
+                                   embed_all=lambda texts: embedder.embed_documents(texts, progress=True))
+    if config.reindex == "auto":
+        embedded += backfill(store, embedder)
+    return embedded
+
+
 def instructions_note(config: "TinyContextConfig") -> str:
     """What an agent should know when recall may run on keywords alone (MCP server instructions)."""
     advice = ("recall matches words, not meaning: query with the exact terms a memory would contain, and retry "

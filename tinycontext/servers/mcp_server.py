@@ -98,9 +98,10 @@ class TinyContextMCP(FastMCP):
 
 
 async def warm_up(config: TinyContextConfig) -> None:
-    """Open the shared engine for ``config`` (loads the model) off the event loop; log a failure."""
+    """Open the shared engine for ``config`` and load its model off the event loop; log a failure
+    (calls that need the model report it; get, delete, sessions and stats work without it)."""
     try:
-        await anyio.to_thread.run_sync(get_engine, config)
+        await anyio.to_thread.run_sync(lambda: get_engine(config).embedder)
     except TinyContextError as err:
         log.warning("engine not ready: %s", err)
 
