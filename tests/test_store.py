@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import HashEmbedder
-from tinycontext import MemoryEngine, ModelMismatchError, StorageError
+from tinycontext import MemoryEngine, ModelMismatchError, StorageError, TinyContextConfig
 from tinycontext.engine import _content_hash
 from tinycontext.store import BUSY_TIMEOUT_MS, SCHEMA_VERSION, Store, now_iso
 
@@ -150,6 +150,26 @@ def test_model_mismatch_then_reindex(config, other):
         assert np.allclose(np.frombuffer(vectors[1][1], np.float32), other.embed_documents(["beta memory about mountains"])[0])
         assert [m["id"] for m in eng.recall("mountains", dense_weight=1.0, top_k=1)["memories"]] == [ids[1]]
         assert eng.save(["delta memory about deserts"])["ids"]
+
+
+def test_reindex_embeds_what_save_embeds(tmp_path, real_embedder):
+    """Reindex (and back-fill) embed a conversation turn's speaker, date and attachments, as save does."""
+    turn = {"content": "I adopted a puppy", "speaker": "Caroline", "occurred_at": "2023-05-08", "attachments": ["a photo of a dog"]}
+
+    def vector(engine):
+        return np.frombuffer(engine.store.read("SELECT embedding FROM memory_vectors")[0][0], np.float32)
+
+    def config(name, **update):
+        return TinyContextConfig(memory_db_path=tmp_path / name, models_dir=tmp_path / "models", **update)
+
+    with MemoryEngine(config("fresh.db"), embedder=real_embedder) as engine:
+        engine.save([turn])
+        fresh = vector(engine)
+    for name, first in (("reindexed.db", {}), ("backfilled.db", {"embedding_backend": "none"})):
+        with MemoryEngine(config(name, **first), embedder=HashEmbedder() if not first else None) as engine:
+            engine.save([turn])
+        with MemoryEngine(config(name, reindex="auto"), embedder=real_embedder) as engine:
+            assert engine.reindexed == 1 and np.allclose(vector(engine), fresh, atol=1e-6), name
 
 
 def test_empty_database_rebinds_without_complaint(config):

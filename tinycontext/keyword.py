@@ -9,7 +9,6 @@ have no vector; :func:`backfill` embeds exactly those once a model is configured
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import TYPE_CHECKING
 
@@ -85,11 +84,11 @@ def backfill(store: "Store", embedder: "EmbedderProtocol") -> int:
     """Embed the memories that have no vector (saved keyword-only); returns how many."""
     total = 0
     while True:
-        rows = store.read("SELECT id, session_id, content, speaker, occurred_at, attachments FROM memories "
+        rows = store.read(f"SELECT id, session_id, {conversation.EMBEDDING_COLUMNS} FROM memories "
                           "WHERE id NOT IN (SELECT memory_id FROM memory_vectors) ORDER BY id LIMIT ?", (BACKFILL_BATCH,))
         if not rows:
             return total
-        texts = [conversation.embedding_text(r[2], r[3], r[4], json.loads(r[5] or "[]")) for r in rows]
+        texts = [conversation.stored_embedding_text(*r[2:]) for r in rows]
         vectors = np.asarray(embedder.embed_documents(texts, progress=True), np.float32)
         with store.write() as conn:
             for (memory_id, session, *_), vector in zip(rows, vectors):
