@@ -215,7 +215,7 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
     async def get_memory(id: MemoryId) -> CallToolResult:
         return await answer(lambda engine: engine.get(id), memory_block)
 
-    web_tools.register(server, config)
+    web_tools.register(server, config, engine=lambda: get_engine(config))
     register_browser(server, config)
     browse.register(server, config)
     server.output_schemas = output_schemas()
