@@ -442,12 +442,13 @@ class MemoryEngine:
 
     def recall_rendered(self, query: str, *, session_id: str | None = None, max_tokens: int | None = None,
                         top_k: int | None = None, tags: Sequence[str] | None = None, offset: int = 0,
-                        detail: str = "compact", filters: Filters | dict | None = None) -> Page:
+                        detail: str = "compact", filters: Filters | dict | None = None, **ranking: float | None) -> Page:
         """Recall as an agent receives it: text and structured content, each within ``max_tokens``
-        counted with the configured encoding (see :mod:`tinycontext.render`)."""
+        counted with the configured encoding (see :mod:`tinycontext.render`). ``ranking``: the
+        ranking settings :meth:`recall` takes (``dense_weight``, ``rrf_k``, ``candidates``, ...)."""
         detail = check_detail(detail)
         max_tokens = check_agent_budget(self.config.recall_max_tokens if max_tokens is None else max_tokens)
-        ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset, filters=filters)
+        ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset, filters=filters, **ranking)
         return recall_page(ranked["window"], max_tokens=max_tokens, counter=self.tokens, limit=ranked["top_k"],
                            offset=offset, detail=detail, session_id=ranked["session_id"],
                            extra={**({"below_floor": ranked["below_floor"]} if ranked["below_floor"] else {}),
