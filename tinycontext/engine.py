@@ -531,7 +531,7 @@ class MemoryEngine:
         if not info.keys() & {c.id for c in ranked}:  # no conversation turns among the candidates: nothing to re-score
             return ranked
         has_episodes = any(e is not None for e, _ in info.values())
-        episode_hits = conversation.episode_bm25(self.store, query, session) if episode_weight and has_episodes else []
+        episode_hits = conversation.episode_bm25(self.store, query, session, self.config.fts_tokenizer) if episode_weight and has_episodes else []
         return conversation.rerank(ranked, info, query=query, episode_hits=episode_hits, dense_hits=dense_hits,
                                    episode_weight=episode_weight if has_episodes else 0.0,
                                    neighbour_weight=neighbour_weight if has_episodes else 0.0, speaker_boost=speaker_boost,
