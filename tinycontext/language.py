@@ -10,9 +10,10 @@
   substring. Terms under 3 characters (``喝茶``, an emoji) cannot use the trigram index; they are
   matched with LIKE on the same FTS table and ranked after the BM25 hits.
 
-The choice is recorded in the ``meta`` table and in the FTS table's own definition. Opening a
-database with another ``fts_tokenizer`` rebuilds the index in one transaction (ids, content and
-triggers untouched), so switching back and forth is safe and re-running it changes nothing.
+The choice is recorded in the ``meta`` table and in the FTS tables' own definitions (the memories'
+and the conversation episodes'). Opening a database with another ``fts_tokenizer`` rebuilds them in
+one transaction (ids, content and triggers untouched), so switching back and forth is safe and
+re-running it changes nothing.
 """
 
 from __future__ import annotations
