@@ -1,6 +1,6 @@
 """The memory engine: saving, recalling, editing memories in one SQLite file.
 
-``MemoryEngine`` holds an open store and a loaded embedder. The module-level functions
+``MemoryEngine`` holds an open store and an embedder loaded on first use. The module-level functions
 (``save_memories``, ``recall_memories``, ...) reuse one engine per configuration, so a process pays
 for opening the database and loading the model once.
 """
@@ -50,6 +50,7 @@ MAX_SESSION_CHARS = 200
 MAX_OFFSET = 1_000_000
 # sqlite-vec refuses KNN queries with k above this; deeper dense candidate lists are cut to it.
 VEC_KNN_MAX = 4096
+_UNOPENED = object()  # the embedder before its first use
 
 
 class MemoryInput(BaseModel):
@@ -156,37 +157,50 @@ class MemoryEngine:
 
     def __init__(self, config: TinyContextConfig | None = None, *, embedder: EmbedderProtocol | None = None, progress: bool = False):
         self.config = config or TinyContextConfig()
-        if embedder is None:
-            # None: keyword-only (no model configured, or unavailable and keyword_fallback allows it).
-            embedder, self.keyword_reason = keyword.open_embedder(self.config)
-        else:
-            self.keyword_reason = None
-        self.embedder = embedder
+        self._embedder: EmbedderProtocol | None | object = _UNOPENED if embedder is None else embedder
+        self._reindexed: int | None = None  # None until the embedder is bound to the database
+        self._bind_lock = threading.Lock()
+        self.keyword_reason: str | None = None
         self.tokens = TokenCounter(self.config.encoding_name)
         self.store = Store(self.config.memory_db_path)
         try:
             language.set_tokenizer(self.store, self.config.fts_tokenizer)
-            if embedder is None:
-                keyword.ensure_vector_table(self.store)
-                self.reindexed = 0
-            else:
-                self.reindexed = self.store.bind_embedder(
-                    embedder.identity, reindex=self.config.reindex,
-                    embed_all=lambda texts: embedder.embed_documents(texts, progress=True),
-                )
-                # Memories saved while no model was available get their vectors now (reindex='auto').
-                if self.config.reindex == "auto":
-                    self.reindexed += keyword.backfill(self.store, embedder)
-        except BaseException:  # e.g. model_mismatch: do not leave the file open
+            # A new database gets a vector table at once, so counts and deletes never need the model.
+            keyword.ensure_vector_table(self.store)
+        except BaseException:  # do not leave the file open
             self.store.close()
             raise
         self.index = VectorIndex(self.store, self.config.vector_cache_max, self.config.vector_quantized_max)
         self.progress = progress
 
     @property
+    def embedder(self) -> EmbedderProtocol | None:
+        """The embedding model (None: keyword-only), loaded and bound to the database on first use.
+
+        Reading, deleting and listing never ask for it, so they work without loading the model and on
+        a database built by another one; saving and recall then raise ``model_mismatch``."""
+        if self._reindexed is None:
+            with self._bind_lock:
+                if self._reindexed is None:
+                    if self._embedder is _UNOPENED:
+                        # None: keyword-only (no model configured, or unavailable and keyword_fallback allows it).
+                        self._embedder, self.keyword_reason = keyword.open_embedder(self.config)
+                    self._reindexed = keyword.bind(self.store, self.config, self._embedder)
+        return self._embedder
+
+    @property
+    def reindexed(self) -> int:
+        """How many memories binding the embedder (re-)embedded (reindex='auto')."""
+        _ = self.embedder
+        return self._reindexed
+
+    @property
     def search_mode(self) -> str:
-        """"hybrid" (BM25 + vectors) or "keyword" (BM25 only: no embedding model)."""
-        return "keyword" if self.embedder is None else "hybrid"
+        """"hybrid" (BM25 + vectors) or "keyword" (BM25 only: no embedding model). Before the model is
+        first needed this is the configured mode, without loading it."""
+        if self._reindexed is None:
+            return "keyword" if self.config.embedding_backend == keyword.NO_MODEL else "hybrid"
+        return "keyword" if self._embedder is None else "hybrid"
 
     def close(self) -> None:
         self.store.close()

@@ -239,7 +239,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     def get_memory(body: IdRequest) -> dict:
         return engines().get(body.id)
 
-    app.include_router(web_router(lambda: config or load_config()))
+    app.include_router(web_router(lambda: config or load_config(), engine=engines))
     app.include_router(browser_router(config))
     app.include_router(browse.router(engines))
     return app
