@@ -36,7 +36,7 @@ from .errors import (
 from .filters import Filters, expiry, parse_filters
 from .render import Page, check_agent_budget, check_detail, recall_page
 from .fts_budget import bounded_match
-from .retrieval import fuse, relevance_floor
+from .retrieval import cliff_cut, fuse, relevance_floor
 from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory, typed_storage_errors
 from .vector_index import VectorIndex
 
@@ -422,7 +422,7 @@ class MemoryEngine:
                tags: Sequence[str] | None = None, offset: int = 0, dense_weight: float | None = None,
                rrf_k: float | None = None, candidates: int | None = None, filters: Filters | dict | None = None,
                episode_weight: float | None = None, neighbour_weight: float | None = None, speaker_boost: float | None = None,
-               min_dense: float | None = None, time_boost: float | None = None) -> dict:
+               min_dense: float | None = None, score_cliff: float | None = None, time_boost: float | None = None) -> dict:
         """The library answer: full memory dicts whose content fits ``max_tokens``. Interfaces that
         hand text to an agent use :meth:`recall_rendered`, whose budget covers what they render.
         ``filters`` (see :mod:`tinycontext.filters`) narrows by tags, metadata and time."""
@@ -432,7 +432,7 @@ class MemoryEngine:
         ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset,
                             dense_weight=dense_weight, rrf_k=rrf_k, candidates=candidates, filters=filters,
                             episode_weight=episode_weight, neighbour_weight=neighbour_weight, speaker_boost=speaker_boost,
-                            min_dense=min_dense, time_boost=time_boost)
+                            min_dense=min_dense, score_cliff=score_cliff, time_boost=time_boost)
         window = ranked["window"]
         chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, ranked["top_k"])
         memories = [window[p] for p in chosen]
@@ -450,6 +450,8 @@ class MemoryEngine:
             "candidates": ranked["candidates"],
             # Candidates the relevance floor (recall_min_dense) left out: no lexical match, weak dense similarity.
             "below_floor": ranked["below_floor"],
+            # Candidates after the score cliff (recall_score_cliff): clearly weaker than what was returned.
+            "below_cliff": ranked["below_cliff"],
             "mode": self.search_mode,
             "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
         }
@@ -466,13 +468,14 @@ class MemoryEngine:
         return recall_page(ranked["window"], max_tokens=max_tokens, counter=self.tokens, limit=ranked["top_k"],
                            offset=offset, detail=detail, session_id=ranked["session_id"],
                            extra={**({"below_floor": ranked["below_floor"]} if ranked["below_floor"] else {}),
+                                  **({"below_cliff": ranked["below_cliff"]} if ranked["below_cliff"] else {}),
                                   **({"mode": "keyword"} if self.embedder is None else {})} or None)
 
     def _rank(self, query: str, *, session_id: str | None, top_k: int | None, tags: Sequence[str] | None, offset: int,
               dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None,
               filters: Filters | dict | None = None, episode_weight: float | None = None,
               neighbour_weight: float | None = None, speaker_boost: float | None = None, min_dense: float | None = None,
-              time_boost: float | None = None) -> dict:
+              score_cliff: float | None = None, time_boost: float | None = None) -> dict:
         """Ranked memories from ``offset`` on (full dicts with rank and scores), before any budget."""
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query must be non-empty text: say what you want to remember.")
@@ -488,6 +491,7 @@ class MemoryEngine:
         neighbour_weight = _check_number(self.config.recall_neighbour_weight if neighbour_weight is None else neighbour_weight, "neighbour_weight", 0.0, 1.0)
         speaker_boost = _check_number(self.config.recall_speaker_boost if speaker_boost is None else speaker_boost, "speaker_boost", 0.0, 10.0)
         min_dense = _check_number(self.config.recall_min_dense if min_dense is None else min_dense, "min_dense", 0.0, 1.0)
+        cliff = _check_number(self.config.recall_score_cliff if score_cliff is None else score_cliff, "score_cliff", 0.0, 0.99)
         time_boost = _check_number(self.config.recall_time_boost if time_boost is None else time_boost, "time_boost", 0.0, 10.0)
         # Resolved once per recall (dateparser only runs when the query has a date phrase).
         windows = when.question_windows(query, datetime.now()) if time_boost else []
@@ -531,6 +535,9 @@ class MemoryEngine:
                     break
                 ranked += fresh
                 seen.update(c.id for c in fresh)
+        # The score cliff cuts the whole order, not the page, so every page agrees where the answer ends.
+        kept = cliff_cut([(c.bm25, c.dense) for c in ranked], cliff)
+        ranked, below_cliff = ranked[:kept], len(ranked) - kept
         window = ranked[offset:]
         rows = self._rows([c.id for c in window])
         memories = [
@@ -538,7 +545,7 @@ class MemoryEngine:
             for position, c in enumerate(c for c in window if c.id in rows)
         ]
         return {"query": query, "session_id": session, "top_k": top_k, "window": memories, "candidates": len(ranked),
-                "below_floor": below_floor}
+                "below_floor": below_floor, "below_cliff": below_cliff}
 
     def _conversation_rerank(self, query: str, session: str | None, ranked: list, dense_hits: list, episode_weight: float,
                              neighbour_weight: float, speaker_boost: float, *, expand: bool) -> list:
