@@ -86,6 +86,9 @@ class TinyContextConfig(BaseModel):
     recall_episode_weight: float = Field(0.3, ge=0.0, le=10.0)
     recall_neighbour_weight: float = Field(0.5, ge=0.0, le=1.0)
     recall_speaker_boost: float = Field(0.5, ge=0.0, le=10.0)
+    # Time a question names ("on 13 October 2023", "in May", "last week"; tinycontext/when.py): a memory
+    # that happened then (occurred_at, else when it was saved) scores x(1 + boost). 0: off (notes/locomo.md).
+    recall_time_boost: float = Field(0.0, ge=0.0, le=10.0)
     # Which memories of one save call form an episode when they name none: "turns" (those with a
     # speaker), "all", or "none".
     auto_episode: Literal["turns", "all", "none"] = "turns"
