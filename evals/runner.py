@@ -46,7 +46,7 @@ RANKING_DEPTH = 100
 NAIVE_TOP = 10
 UNLIMITED_TOKENS = 1_000_000
 QUALITY = [*MEASURES, "budget_recall"]
-CATEGORY_METRICS = ["recall@10", "ndcg@10", "budget_recall"]
+CATEGORY_METRICS = ["recall@5", "recall@10", "ndcg@10", "budget_recall"]
 # Config keys that say where things are kept, not what is measured: not part of a job's key.
 NOT_IN_KEY = ("hydra", "base_dir", "shared_dir", "cache_dir", "models_dir", "results_store", "force", "latency")
 
@@ -191,7 +191,8 @@ def _recall_kwargs(r: DictConfig) -> dict:
             **_overrides(r.get("kwargs"))}
 
 
-def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, naive: dict, r: DictConfig, max_tokens: int) -> list[dict]:
+def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, naive: dict, r: DictConfig, max_tokens: int,
+                  rendered: bool = False) -> list[dict]:
     run: dict[str, dict[str, float]] = {}
     rows: list[dict] = []
     kwargs = _recall_kwargs(r)
@@ -204,16 +205,21 @@ def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, nai
             continue
         text = dataset.queries[qid]
         session = dataset.query_sessions[qid] if dataset.query_sessions else None
-        answer = engine.recall(text, session_id=session, max_tokens=max_tokens, top_k=int(r.top_k), **kwargs)
+        if rendered:  # what an MCP/REST client receives: text and structured content each within the budget
+            page = engine.recall_rendered(text, session_id=session, max_tokens=max_tokens, top_k=int(r.top_k), **kwargs)
+            received, tokens = page.structured["memories"], page.tokens
+        else:
+            answer = engine.recall(text, session_id=session, max_tokens=max_tokens, top_k=int(r.top_k), **kwargs)
+            received, tokens = answer["memories"], answer["total_tokens"]
         ranking = engine.recall(text, session_id=session, max_tokens=UNLIMITED_TOKENS, top_k=depth, **kwargs)
         n = len(ranking["memories"])
         run[qid] = {d: float(n - i) for i, m in enumerate(ranking["memories"]) for d in doc_ids[str(m["id"])]}
-        seen = [d for m in answer["memories"] for d in doc_ids[str(m["id"])]]
+        seen = [d for m in received for d in doc_ids[str(m["id"])]]
         top = [d for m in ranking["memories"][:10] for d in doc_ids[str(m["id"])]]
         rows.append({"query_id": qid, "tune": qid in tune, "test": qid in test, "session": session,
                      **dataset.query_info.get(qid, {}),
-                     "tokens_returned": answer["total_tokens"], "tokens_naive": naive[qid],
-                     "memories_returned": len(answer["memories"]), "budget_recall": recall_within(seen, dataset.qrels[qid]),
+                     "tokens_returned": tokens, "tokens_naive": naive[qid],
+                     "memories_returned": len(received), "budget_recall": recall_within(seen, dataset.qrels[qid]),
                      "retrieved": ";".join(top), "relevant": ";".join(d for d, g in dataset.qrels[qid].items() if g > 0)})
     quality = per_query_quality({q["query_id"]: dataset.qrels[q["query_id"]] for q in rows}, run)
     for row in rows:
@@ -337,7 +343,8 @@ def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = ()) -> 
         computed, hits = embedder.computed, embedder.hits  # the embedder outlives jobs: count this one's only
         db, index = ensure_index(dataset, embedder, cache_dir, index_overrides)
         with MemoryEngine(TinyContextConfig(memory_db_path=db, **engine_settings), embedder=embedder) as engine:
-            rows = _quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, max_tokens)
+            rows = _quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, max_tokens,
+                                 bool(cfg.budget.get("rendered", False)))
     with timing_alone(cache_dir):
         latencies, timed = _timing_pass(cfg, dataset, db, engine_settings, models_dir, base, max_tokens)
         cost = _probe(cfg, dataset, spec, models_dir, index_overrides)

@@ -1,4 +1,4 @@
-"""Checks that a database's rows, FTS index, tags and vectors agree (used by race and fault tests)."""
+"""The one check that a database's rows, FTS index, tags and vectors agree (race, concurrency and fault tests)."""
 
 from __future__ import annotations
 

@@ -123,3 +123,19 @@ def _fresh_hydra():
     GlobalHydra.instance().clear()
     yield
     GlobalHydra.instance().clear()
+
+
+def test_budget_as_rendered_counts_what_a_client_receives(tmp_path):
+    import pandas as pd
+
+    cache = tmp_path / "cache"
+    runs = {}
+    for rendered in ("false", "true"):
+        run_config(compose_run(cache, "budget.max_tokens=100", f"budget.rendered={rendered}"), tmp_path / rendered)
+        runs[rendered] = pd.read_csv(tmp_path / rendered / "per_query.csv").set_index("query_id")
+    library, page = runs["false"], runs["true"]
+    assert (page["tokens_returned"] <= 100).all() and (library["tokens_returned"] <= 100).all()
+    # The same ranking; the rendered page also pays for its formatting, so it holds fewer memories.
+    assert (page["recall@10"] == library["recall@10"]).all()
+    assert (page["memories_returned"] <= library["memories_returned"]).all()
+    assert page["memories_returned"].sum() < library["memories_returned"].sum()

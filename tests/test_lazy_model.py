@@ -116,7 +116,7 @@ def test_mcp_tools(built, unloadable):
 def test_rest(built, unloadable):
     config, (turn, other) = built
     with background(create_app(config, settings=ServeSettings())) as base, httpx.Client(base_url=base, timeout=30) as api:
-        assert api.post("/get_memory", json={"id": turn}).json()["content"] == TURN["content"]
+        assert api.post("/get_memory", json={"id": turn}).json()["speaker"] == "Caroline"
         assert api.get("/sessions").json()["sessions"][0]["memories"] == 2
         assert api.post("/delete_memory", json={"id": other}).json() == {"id": other, "deleted": True}
         failed = api.post("/save_memories", json={"memories": [{"content": "new"}]})

@@ -75,6 +75,9 @@ class TinyContextConfig(BaseModel):
     # Relevance floor: memories with no lexical match and a dense cosine below this are not returned (0: off);
     # chosen from scripts/tune_floor.py's sweep (notes/relevance_floor.md).
     recall_min_dense: float = Field(0.3, ge=0.0, le=1.0)
+    # Score cliff: the answer ends at the first memory whose scores are all below (1 - this) x the best
+    # so far (0: off; retrieval.cliff_cut); tuned with scripts/tune_floor.py (notes/relevance_floor.md).
+    recall_score_cliff: float = Field(0.0, ge=0.0, le=0.99)
     # Rows BM25 may score per recall: the query's commonest words are dropped past it (0: no bound).
     recall_fts_budget: int = Field(30_000, ge=0)
     # Conversations (tinycontext/conversation.py): a turn gains weight / (3 + its episode's rank), a
@@ -83,6 +86,9 @@ class TinyContextConfig(BaseModel):
     recall_episode_weight: float = Field(0.3, ge=0.0, le=10.0)
     recall_neighbour_weight: float = Field(0.5, ge=0.0, le=1.0)
     recall_speaker_boost: float = Field(0.5, ge=0.0, le=10.0)
+    # Time a question names ("on 13 October 2023", "in May", "last week"; tinycontext/when.py): a memory
+    # that happened then (occurred_at, else when it was saved) scores x(1 + boost). 0: off (notes/locomo.md).
+    recall_time_boost: float = Field(0.0, ge=0.0, le=10.0)
     # Which memories of one save call form an episode when they name none: "turns" (those with a
     # speaker), "all", or "none".
     auto_episode: Literal["turns", "all", "none"] = "turns"
