@@ -550,20 +550,28 @@ class MemoryEngine:
 
     def _bm25(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None) -> list[tuple[int, float]]:
         # The trigram index takes substrings, and terms under 3 characters only through LIKE (language.py).
+        span = None
+        if session is not None and self.store.read("SELECT min(id) = max(id) AND min(id) = ? FROM sessions", (session,))[0][0]:
+            session = None  # the only session: filtering by it changes nothing, and the join costs ~25%
+        elif session is not None:
+            # FTS5 scores every match before the join drops other sessions' rows; the session's id
+            # range lets it skip the rows outside it (all of them when sessions were filled in turn).
+            span = self.store.session_span(session)
+            if span is None:
+                return []
         if self.config.fts_tokenizer == "trigram":
             match, short = language.trigram_query(query)
         else:
-            match, short = bounded_match(self.store, query, self.config.recall_fts_budget), []
+            match, short = bounded_match(self.store, query, self.config.recall_fts_budget, span), []
         if match is None and not short:
             return []
-        if session is not None and self.store.read("SELECT min(id) = max(id) AND min(id) = ? FROM sessions", (session,))[0][0]:
-            session = None  # the only session: filtering by it changes nothing, and the join costs ~25%
         if session is None:
             # Every FTS row is a memory (triggers), so no join is needed to read ids.
             base, params, id_column = "FROM memories_fts WHERE {where}", [], "rowid"
         else:
-            base, params, id_column = ("FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid WHERE {where} "
-                                       "AND m.session_id = ?"), [session], "m.id"
+            # CROSS JOIN keeps FTS5 the outer loop: driven by the session index, SQLite would run the MATCH once per row.
+            base, params, id_column = ("FROM memories_fts CROSS JOIN memories m ON m.id = memories_fts.rowid WHERE {where} "
+                                       "AND m.session_id = ? AND memories_fts.rowid BETWEEN ? AND ?"), [session, *span], "m.id"
         # The filter is part of the FTS query, so the LIMIT keeps the best matches that pass it. The unary
         # "+" keeps SQLite from driving FTS5 by the filter's id list: it would run the MATCH once per id
         # (minutes for a filter passing half of 50k memories) instead of once, checking each hit's id.
