@@ -55,6 +55,9 @@ from evals.report import _markdown as markdown_table
 log = logging.getLogger("web_evidence")
 _NORM = re.compile(r"[\W_]+", re.UNICODE)
 FETCH_BASELINE_CHARS = 5000
+# dev: tune on (LoCoMo: its dev conversations; SciFact: train claims); test: report (the other
+# conversations; test claims); all: every conversation and the test claims.
+SPLITS = ("dev", "test", "all")
 
 
 def norm(text: str) -> str:
@@ -99,7 +102,8 @@ personalise ads. You can accept all cookies or choose which ones we may use.</p>
 # -- LoCoMo: one chat-archive page per conversation -------------------------------------------------
 
 
-def locomo_site(path: Path, categories: list[int], stride: int = 1) -> Site:
+def locomo_site(path: Path, categories: list[int], stride: int = 1, conversations: list[str] | None = None) -> Site:
+    """Every conversation is a page; questions only of ``conversations`` (all when None)."""
     e = htmllib.escape
     samples = json.loads(path.read_text(encoding="utf-8"))
     pages: dict[str, bytes] = {}
@@ -126,7 +130,7 @@ def locomo_site(path: Path, categories: list[int], stride: int = 1) -> Site:
         pages[f"/locomo/{conv}.html"] = chrome(title, main, sidebar, "ChatArchive")
         for i, qa in enumerate(sample["qa"]):
             evidence = [texts[d] for d in qa.get("evidence", []) if d in texts]
-            if qa.get("category") in categories and evidence:
+            if qa.get("category") in categories and evidence and (conversations is None or conv in conversations):
                 questions.append(Question(f"{conv}:{i}", qa["question"], f"/locomo/{conv}.html", evidence))
     return Site("locomo", pages, questions[::stride])
 
@@ -134,12 +138,13 @@ def locomo_site(path: Path, categories: list[int], stride: int = 1) -> Site:
 # -- SciFact: one journal-issue page of abstracts per claim ------------------------------------------
 
 
-def scifact_site(path: Path, abstracts_per_page: int, limit: int | None, seed: int) -> Site:
+def scifact_site(path: Path, abstracts_per_page: int, limit: int | None, seed: int, qrels_split: str = "test") -> Site:
+    """One page per claim of ``qrels_split`` (``train`` claims tune, ``test`` claims report)."""
     e = htmllib.escape
     corpus = {d["_id"]: d for d in map(json.loads, (path / "corpus.jsonl").read_text(encoding="utf-8").splitlines())}
     claims = {q["_id"]: q["text"] for q in map(json.loads, (path / "queries.jsonl").read_text(encoding="utf-8").splitlines())}
     qrels: dict[str, list[str]] = {}
-    for line in (path / "qrels" / "test.tsv").read_text(encoding="utf-8").splitlines()[1:]:
+    for line in (path / "qrels" / f"{qrels_split}.tsv").read_text(encoding="utf-8").splitlines()[1:]:
         qid, did, score = line.split("\t")
         if int(score) > 0 and did in corpus:
             qrels.setdefault(qid, []).append(did)
@@ -273,10 +278,16 @@ def main(cfg: DictConfig) -> None:
     out = Path(HydraConfig.get().runtime.output_dir)
     shared = Path(cfg.shared_dir)
     sites = []
+    split = cfg.split
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if "locomo" in cfg.datasets:
-        sites.append(locomo_site(shared / "datasets/locomo/locomo-dev.json", list(cfg.locomo.categories), cfg.locomo.stride))
+        conversations = None if split == "all" else list(cfg.locomo[f"{split}_conversations"])
+        sites.append(locomo_site(shared / "datasets/locomo/locomo-dev.json", list(cfg.locomo.categories), cfg.locomo.stride,
+                                 conversations))
     if "scifact" in cfg.datasets:
-        sites.append(scifact_site(shared / "datasets/scifact", cfg.scifact.abstracts_per_page, cfg.scifact.limit, cfg.seed))
+        sites.append(scifact_site(shared / "datasets/scifact", cfg.scifact.abstracts_per_page, cfg.scifact.limit, cfg.seed,
+                                  "train" if split == "dev" else "test"))
     config = TinyContextConfig(allow_private_hosts=True, embedding_cache_size=cfg.embedding_cache_size,
                                scrape_chunk_tokens=cfg.chunk_tokens, **({"embedding_model": cfg.embedding_model} if cfg.embedding_model else {}))
     pages = {path: body for site in sites for path, body in site.pages.items()}

@@ -1,4 +1,4 @@
-"""Checks that a database's rows, FTS index, tags and vectors agree (used by race and fault tests)."""
+"""The one check that a database's rows, FTS index, tags and vectors agree (race, concurrency and fault tests)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from tinycontext.conversation import embedding_text
+from tinycontext.conversation import EMBEDDING_COLUMNS, stored_embedding_text
 
 
 def assert_consistent(engine) -> dict[int, str]:
@@ -17,22 +17,22 @@ def assert_consistent(engine) -> dict[int, str]:
     read = engine.store.read
     assert read("PRAGMA integrity_check")[0][0] == "ok"
     read("INSERT INTO memories_fts(memories_fts, rank) VALUES ('integrity-check', 1)")
-    rows = read("SELECT id, session_id, content, tags, speaker, occurred_at, attachments FROM memories ORDER BY id")
-    contents = {r[0]: r[2] for r in rows}
+    rows = read(f"SELECT id, session_id, tags, {EMBEDDING_COLUMNS} FROM memories ORDER BY id")
+    texts = [stored_embedding_text(*r[3:]) for r in rows]
+    contents = {r[0]: r[3] for r in rows}
     vectors = {mid: np.frombuffer(blob, dtype=np.float32) for mid, blob in read("SELECT memory_id, embedding FROM memory_vectors")}
     assert set(vectors) == set(contents), "a memory without a vector, or a vector without a memory"
     if rows:
-        expected = engine.embedder.embed_documents([embedding_text(r[2], r[4], r[5], json.loads(r[6])) for r in rows])
-        for r, want in zip(rows, expected):
-            assert np.allclose(vectors[r[0]], want, atol=1e-5), f"memory {r[0]}'s vector does not embed its text {r[2]!r}"
+        expected = engine.embedder.embed_documents(texts)
+        for r, text, want in zip(rows, texts, expected):
+            assert np.allclose(vectors[r[0]], want, atol=1e-5), f"memory {r[0]}'s vector does not embed its text {text!r}"
     tag_rows: dict[int, set] = {}
     for mid, tag in read("SELECT memory_id, tag FROM memory_tags"):
         tag_rows.setdefault(mid, set()).add(tag)
     for r in rows:
-        assert tag_rows.get(r[0], set()) == set(json.loads(r[3])), f"memory {r[0]}'s tag index disagrees with its tags"
+        assert tag_rows.get(r[0], set()) == set(json.loads(r[2])), f"memory {r[0]}'s tag index disagrees with its tags"
     # The in-memory vector cache answers like the table: each memory is its own nearest neighbour.
-    for r in rows:
-        text = embedding_text(r[2], r[4], r[5], json.loads(r[6]))
+    for r, text in zip(rows, texts):
         top = engine.recall(text, session_id=r[1], dense_weight=1.0, top_k=1, max_tokens=1_000_000)["memories"]
         assert top and np.isclose(top[0]["scores"]["dense"], 1.0, atol=1e-4), f"dense search does not find memory {r[0]} by its own text"
     return contents

@@ -6,6 +6,7 @@ import multiprocessing
 import threading
 
 from conftest import suite_embedder
+from consistency import assert_consistent
 from tinycontext import MemoryEngine, TinyContextConfig
 
 PROCESSES = 4
@@ -48,15 +49,8 @@ def test_processes_write_one_file_at_once(tmp_path):
     ids = [mid for mid, _ in acked]
     assert len(set(ids)) == len(ids)
     with MemoryEngine(TinyContextConfig(memory_db_path=db, models_dir=tmp_path / "models"), embedder=suite_embedder()) as eng:
-        read = eng.store.read
-        stored = dict(read("SELECT id, content FROM memories"))
-        assert stored == dict(acked)  # every acknowledged id exists exactly once, with its content
-        assert read("PRAGMA integrity_check")[0][0] == "ok"
-        fts = read("SELECT count(*) FROM memories_fts")[0][0]
-        vectors = read("SELECT count(*) FROM memory_vectors")[0][0]
-        tags = read("SELECT count(*) FROM memory_tags")[0][0]
-        assert fts == vectors == tags == len(stored) == PROCESSES * SAVES
-        assert read("INSERT INTO memories_fts(memories_fts) VALUES ('integrity-check')") == []
+        # Every acknowledged id exists exactly once, with its content, FTS row, tags and vector.
+        assert assert_consistent(eng) == dict(acked)
         # Each worker's memories are all findable through its tag, on both retrieval sides.
         for w in range(PROCESSES):
             for weight in (0.0, 1.0):
@@ -102,6 +96,4 @@ def test_threads_share_one_engine(engine):
         assert not t.is_alive()
     assert errors == []
     assert len(saved) == len(set(saved)) == 20
-    stats = engine.stats()
-    assert stats["memories"] == stats["vectors"] == 21
-    assert engine.store.read("PRAGMA integrity_check")[0][0] == "ok"
+    assert len(assert_consistent(engine)) == 21

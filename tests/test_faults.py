@@ -20,6 +20,7 @@ from tinycontext.model_hub import MANIFEST
 from tinycontext.servers.fastapi_server import create_app
 from tinycontext.servers.http import ServeSettings, background
 from conftest import suite_embedder
+from consistency import assert_consistent
 
 TESTS = Path(__file__).resolve().parent
 BATCH = 25
@@ -57,11 +58,7 @@ def test_sigkill_mid_batch_loses_nothing_acknowledged(tmp_path):
     config = TinyContextConfig(memory_db_path=db, models_dir=tmp_path / "models")
     with MemoryEngine(config, embedder=suite_embedder()) as engine:
         store = engine.store
-        assert store.read("PRAGMA integrity_check")[0][0] == "ok"
-        store.read("INSERT INTO memories_fts(memories_fts) VALUES ('integrity-check')")
-        ids = [r[0] for r in store.read("SELECT id FROM memories")]
-        assert sorted({r[0] for r in store.read("SELECT memory_id FROM memory_vectors")}) == sorted(ids)
-        assert sorted(r[0] for r in store.read("SELECT rowid FROM memories_fts")) == sorted(ids)
+        ids = list(assert_consistent(engine))
         assert len(ids) % BATCH == 0  # a batch is one transaction: all of it or none
         wanted = [i for batch in acked.values() for i in batch]
         assert set(wanted) <= set(ids) and len(wanted) == len(set(wanted))

@@ -40,6 +40,15 @@ def test_tools_round_trip(api):
     assert api.get("/docs").status_code == 200
 
 
+def test_get_and_update_return_conversation_fields(api):
+    turn = {"content": "I adopted a puppy", "speaker": "Caroline", "occurred_at": "2023-05-08T13:56",
+            "attachments": ["a photo of a dog"], "episode": "chat-1"}
+    memory_id = api.post("/save_memories", json={"memories": [turn]}).json()["ids"][0]
+    for answer in (api.post("/get_memory", json={"id": memory_id}).json(),
+                   api.post("/update_memory", json={"id": memory_id, "tags": ["pets"]}).json()):
+        assert {key: answer[key] for key in turn} == turn
+
+
 @pytest.mark.parametrize("path, body, status, code", [
     ("/save_memories", {"memories": []}, 400, "empty_memory"),
     ("/save_memories", {"memories": [{"content": "   "}]}, 400, "empty_memory"),

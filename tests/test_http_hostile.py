@@ -9,6 +9,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from consistency import assert_consistent
 
 from tinycontext.servers.fastapi_server import create_app
 from tinycontext.servers.http import ServeSettings, background
@@ -102,11 +103,7 @@ def server(tmp_path_factory):
             before = [client.post("/get_memory", json={"id": i}).json() for i in baseline]
             yield client, engine, victim
             assert [client.post("/get_memory", json={"id": i}).json() for i in baseline] == before
-            assert engine.store.read("PRAGMA integrity_check")[0][0] == "ok"
-            engine.store.read("INSERT INTO memories_fts(memories_fts) VALUES ('integrity-check')")
-            counts = engine.store.read("SELECT (SELECT count(*) FROM memories), (SELECT count(*) FROM memory_vectors), "
-                                       "(SELECT count(*) FROM memories_fts)")[0]
-            assert counts[0] == counts[1] == counts[2]
+            assert_consistent(engine)
 
 
 def test_table_corpus(server):

@@ -33,8 +33,14 @@ def build_v2(path) -> None:
                          " VALUES (?, ?, ?, ?, '{}', ?, 5, ?, ?, ?)", (mid, session, content, json.dumps(tags), f"h{mid}", stamp, stamp, 1 + (mid == 2)))
             conn.executemany("INSERT INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(mid, t) for t in tags])
         conn.execute("INSERT INTO memory_versions VALUES (2, 1, 'Standup is at 09:00.', '[]', '{}', ?, ?)", (now_iso(), now_iso()))
+    # Vectors as that version wrote them (today's bind_embedder reads columns v2 did not have).
     embedder = HashEmbedder()
-    store.bind_embedder(embedder.identity, reindex="error", embed_all=embedder.embed_documents)
+    with store.write() as conn:
+        conn.execute("CREATE VIRTUAL TABLE memory_vectors USING vec0(memory_id INTEGER PRIMARY KEY, session_id TEXT PARTITION KEY, "
+                     f"embedding FLOAT[{embedder.dimensions}] distance_metric=cosine)")
+        conn.executemany("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)",
+                         [(mid, session, embedder.embed_documents([content])[0].tobytes()) for mid, (session, content, _) in V2_ROWS.items()])
+        conn.execute("INSERT INTO meta(key, value) VALUES ('embedder', ?)", (json.dumps(embedder.identity, sort_keys=True),))
     assert store.schema_version == 2
     store.close()
 

@@ -35,11 +35,11 @@ def test_no_model_runs_on_bm25(kconfig):
 def test_fallback_only_when_allowed(tmp_path):
     broken = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models",
                                embedding_model=str(tmp_path / "no-such-model"))
-    with pytest.raises(ModelUnavailableError):
-        MemoryEngine(broken)
+    with pytest.raises(ModelUnavailableError), MemoryEngine(broken) as engine:
+        engine.save(["the model loads on first use"])
     with MemoryEngine(broken.model_copy(update={"keyword_fallback": True})) as engine:
-        assert engine.search_mode == "keyword" and "unavailable" in engine.keyword_reason
         engine.save(["saved while the model was missing"])
+        assert engine.search_mode == "keyword" and "unavailable" in engine.keyword_reason
         assert engine.recall("model missing")["memories"]
 
 

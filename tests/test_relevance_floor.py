@@ -4,7 +4,7 @@ still finds its memory, and the floor is reported (real MiniLM model: the simila
 from __future__ import annotations
 
 from tinycontext import TinyContextConfig
-from tinycontext.retrieval import Candidate, relevance_floor
+from tinycontext.retrieval import Candidate, cliff_cut, relevance_floor
 
 FACTS = ["The user prefers pnpm over npm.", "Production deploys go to Fly.io from main.", "Standup is at 09:30 on weekdays.",
          "The cat is called Miso.", "Billing uses PostgreSQL 16.", "Alice reviews all database migrations.",
@@ -32,3 +32,32 @@ def test_floor_is_a_separate_step():
     kept, dropped = relevance_floor(ranked, 0.3)
     assert [c.id for c in kept] == [1, 2, 4] and dropped == 1  # a lexical match is evidence whatever its similarity
     assert relevance_floor(ranked, 0.0) == (ranked, 0)
+
+
+def test_score_cliff_ends_the_answer_at_a_clear_drop():
+    ranked = [(12.0, 0.62), (None, None), (9.0, 0.35), (3.0, 0.20), (11.0, 0.60)]
+    assert cliff_cut(ranked, 0.0) == 5
+    # Position 3 has both scores below half the best so far (12, 0.62); the context turn at 1 never ends it.
+    assert cliff_cut(ranked, 0.5) == 3
+    assert cliff_cut(ranked, 0.8) == 5
+    # A kind of evidence nothing before had is not "weaker"; a lacking score is.
+    assert cliff_cut([(None, 0.6), (4.0, 0.1)], 0.5) == 2
+    assert cliff_cut([(8.0, 0.6), (None, 0.2)], 0.5) == 1
+
+
+def test_score_cliff_in_recall_is_reported_and_pages_agree(engine):
+    engine.save(FACTS + ["Miso the cat sleeps on the red sofa.", "The cat Miso eats salmon on Sundays."], session_id="me")
+    query = "what does the cat Miso eat?"
+    full = engine.recall(query, session_id="me", score_cliff=0.0, min_dense=0.0)
+    cut = engine.recall(query, session_id="me", score_cliff=0.5, min_dense=0.0)
+    assert cut["memories"][0]["content"] == "The cat Miso eats salmon on Sundays."
+    kept = len(cut["memories"])
+    assert kept < len(full["memories"]) and cut["below_cliff"] == full["candidates"] - kept
+    assert [m["id"] for m in cut["memories"]] == [m["id"] for m in full["memories"][:kept]]
+    assert kept == cliff_cut([(m["scores"]["bm25"], m["scores"]["dense"]) for m in full["memories"]], 0.5)
+    # Page 2 starts where page 1 ended and stops at the same place.
+    second = engine.recall(query, session_id="me", score_cliff=0.5, min_dense=0.0, top_k=1, offset=1)
+    assert [m["id"] for m in second["memories"]] == [m["id"] for m in cut["memories"][1:2]]
+    page = engine.recall_rendered(query, session_id="me", top_k=10)
+    assert page.structured.get("below_cliff", 0) == engine.recall(query, session_id="me")["below_cliff"]
+

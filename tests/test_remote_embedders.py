@@ -91,10 +91,10 @@ def test_bad_server_is_a_typed_error_within_the_timeout_and_saves_nothing(tmp_pa
 def test_unreachable_server_and_missing_url(tmp_path):
     config = TinyContextConfig(memory_db_path=tmp_path / "m.db", embedding_backend="openai", embedding_url="http://127.0.0.1:9",
                                embedding_timeout_s=1.0, embedding_retries=1)
-    with pytest.raises(ModelUnavailableError):
-        MemoryEngine(config)
-    with pytest.raises(ModelUnavailableError, match="embedding_url"):
-        MemoryEngine(config.model_copy(update={"embedding_url": None}))
+    with pytest.raises(ModelUnavailableError), MemoryEngine(config) as engine:
+        engine.save(["the model is opened on first use"])
+    with pytest.raises(ModelUnavailableError, match="embedding_url"), MemoryEngine(config.model_copy(update={"embedding_url": None})) as engine:
+        engine.recall("anything")
 
 
 def test_switching_server_model_is_model_mismatch(tmp_path, server):
@@ -102,8 +102,10 @@ def test_switching_server_model_is_model_mismatch(tmp_path, server):
     with MemoryEngine(config) as engine:
         engine.save(["a memory"])
     server.model = "bigger-model"
-    with pytest.raises(ModelMismatchError):
-        MemoryEngine(config)
+    with MemoryEngine(config) as engine:
+        with pytest.raises(ModelMismatchError):
+            engine.save(["another memory"])
+        assert engine.stats()["memories"] == 1  # what needs no model still works
     server.model = "minilm-test"
     with MemoryEngine(config) as engine:
         assert engine.stats()["memories"] == 1

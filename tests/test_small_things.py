@@ -74,8 +74,8 @@ def test_identity_records_model_file_and_max_tokens(config, real_embedder):
             conn.execute("UPDATE meta SET value = ? WHERE key = 'embedder'", (json.dumps({**identity, "sha256": "0" * 64}),))
     from tinycontext import ModelMismatchError
 
-    with pytest.raises(ModelMismatchError, match="sha256"):
-        MemoryEngine(config, embedder=real_embedder)
+    with pytest.raises(ModelMismatchError, match="sha256"), MemoryEngine(config, embedder=real_embedder) as engine:
+        engine.recall("old memory")
 
 
 class LongVectors(HashEmbedder):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import HashEmbedder
-from tinycontext import MemoryEngine, ModelMismatchError, StorageError
+from tinycontext import MemoryEngine, ModelMismatchError, StorageError, TinyContextConfig
 from tinycontext.engine import _content_hash
 from tinycontext.store import BUSY_TIMEOUT_MS, SCHEMA_VERSION, Store, now_iso
 
@@ -133,8 +133,8 @@ def test_model_mismatch_then_reindex(config, other):
     with MemoryEngine(config, embedder=HashEmbedder()) as eng:
         ids = eng.save(["alpha memory about rivers", "beta memory about mountains", "gamma memory about oceans"])["ids"]
         before = counts(eng)
-    with pytest.raises(ModelMismatchError) as err:
-        MemoryEngine(config, embedder=other)
+    with pytest.raises(ModelMismatchError) as err, MemoryEngine(config, embedder=other) as eng:
+        eng.save(["delta memory about lakes"])
     assert err.value.code == "model_mismatch" and "reindex" in err.value.message
     assert err.value.details["stored"] == HashEmbedder().identity and err.value.details["configured"] == other.identity
     # Nothing lost: the original embedder still opens it and finds everything.
@@ -152,12 +152,32 @@ def test_model_mismatch_then_reindex(config, other):
         assert eng.save(["delta memory about deserts"])["ids"]
 
 
+def test_reindex_embeds_what_save_embeds(tmp_path, real_embedder):
+    """Reindex (and back-fill) embed a conversation turn's speaker, date and attachments, as save does."""
+    turn = {"content": "I adopted a puppy", "speaker": "Caroline", "occurred_at": "2023-05-08", "attachments": ["a photo of a dog"]}
+
+    def vector(engine):
+        return np.frombuffer(engine.store.read("SELECT embedding FROM memory_vectors")[0][0], np.float32)
+
+    def config(name, **update):
+        return TinyContextConfig(memory_db_path=tmp_path / name, models_dir=tmp_path / "models", **update)
+
+    with MemoryEngine(config("fresh.db"), embedder=real_embedder) as engine:
+        engine.save([turn])
+        fresh = vector(engine)
+    for name, first in (("reindexed.db", {}), ("backfilled.db", {"embedding_backend": "none"})):
+        with MemoryEngine(config(name, **first), embedder=HashEmbedder() if not first else None) as engine:
+            engine.save([turn])
+        with MemoryEngine(config(name, reindex="auto"), embedder=real_embedder) as engine:
+            assert engine.reindexed == 1 and np.allclose(vector(engine), fresh, atol=1e-6), name
+
+
 def test_empty_database_rebinds_without_complaint(config):
     with MemoryEngine(config, embedder=HashEmbedder()) as eng:
         eng.delete(eng.save(["temporary"])["ids"][0])
     with MemoryEngine(config, embedder=HashEmbedder(dimensions=16, model="new")) as eng:
-        assert eng.stats()["embedder"]["model"] == "new"
         assert eng.save(["works"])["ids"]
+        assert eng.stats()["embedder"]["model"] == "new"
 
 
 def test_concurrent_first_open_keeps_vectors(config):

@@ -13,6 +13,7 @@ import uuid
 import numpy as np
 import pytest
 from conftest import HashEmbedder
+from consistency import assert_consistent
 
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.errors import InvalidInputError
@@ -37,17 +38,6 @@ def _dump(engine, **kwargs) -> str:
     out = io.StringIO()
     export_jsonl(engine, out, **kwargs)
     return out.getvalue()
-
-
-def _consistent(engine) -> None:
-    store = engine.store
-    assert store.read("PRAGMA integrity_check")[0][0] == "ok"
-    store.read("INSERT INTO memories_fts(memories_fts) VALUES ('integrity-check')")
-    ids = {r[0] for r in store.read("SELECT id FROM memories")}
-    assert {r[0] for r in store.read("SELECT memory_id FROM memory_vectors")} == ids
-    assert {r[0] for r in store.read("SELECT rowid FROM memories_fts")} == ids
-    tagged = {(r[0], t) for r in store.read("SELECT id, tags FROM memories") for t in json.loads(r[1])}
-    assert set(store.read("SELECT memory_id, tag FROM memory_tags")) == tagged
 
 
 @pytest.fixture
@@ -75,7 +65,7 @@ def test_round_trip_keeps_everything_and_reuses_vectors(tmp_path, source):
         assert same == source.store.read("SELECT embedding FROM memory_vectors WHERE memory_id = 1")[0][0]
         assert target.recall("tabs", session_id="team")["memories"][0]["id"] == 1
         assert target.recall("tabs", tags=["editor"])["memories"][0]["id"] == 1
-        _consistent(target)
+        assert_consistent(target)
         again = import_jsonl(target, io.StringIO(text))
         assert (again.imported, again.skipped) == (0, 2)
         assert _dump(target).splitlines()[1:] == text.splitlines()[1:]
@@ -92,7 +82,7 @@ def test_other_embedder_re_embeds_and_taken_ids_are_renumbered(tmp_path, source)
         vector = np.frombuffer(target.store.read("SELECT embedding FROM memory_vectors WHERE memory_id = 2")[0][0], np.float32)
         assert np.allclose(vector, other.embed_documents(["Alice prefers tabs, width 4"])[0])
         assert target.get(2)["history"][0]["content"] == "Alice prefers tabs over spaces"
-        _consistent(target)
+        assert_consistent(target)
 
 
 @pytest.mark.parametrize("lines, match", [
@@ -145,7 +135,7 @@ def test_legacy_tinysuite_database_imports(tmp_path, real_embedder):
         stored = np.frombuffer(target.store.read("SELECT embedding FROM memory_vectors WHERE memory_id = ?", (deploy["id"],))[0][0], np.float32)
         assert np.allclose(stored, real_embedder.embed_documents([deploy["content"]])[0], atol=1e-5)
         assert target.recall("where is our cluster hosted?", dense_weight=1.0)["memories"][0]["id"] == deploy["id"]
-        _consistent(target)
+        assert_consistent(target)
         assert import_file(target, legacy).imported == 0
 
 
@@ -174,7 +164,7 @@ def test_backup_is_a_consistent_standalone_copy(tmp_path, source):
     config = TinyContextConfig(memory_db_path=tmp_path / "copies" / "b.db", models_dir=tmp_path / "models")
     with MemoryEngine(config, embedder=HashEmbedder()) as copy:
         assert copy.get(1) == source.get(1)
-        _consistent(copy)
+        assert_consistent(copy)
 
 
 def test_cli_export_import_backup(tmp_path, source):

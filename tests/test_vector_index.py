@@ -205,7 +205,7 @@ def test_reindex_and_import_drop_the_copy(tmp_path):
         eng._dense("warm", None, [], 5)
         other = SpreadEmbedder(salt="v2")
         assert eng.store.bind_embedder(other.identity, reindex="auto", embed_all=other.embed_documents) == 45
-        eng.embedder = other
+        eng._embedder = other
         _same(eng._dense("alpha", None, [], 20), _oracle(eng, "alpha", None, [], 20))
 
         with MemoryEngine(_config(tmp_path / "src.db"), embedder=other) as src:

@@ -270,3 +270,18 @@ def test_fetch_step_is_pluggable(web_config):
                          fetcher=fetcher, embedder=HashEmbedder(), order="rank")
     assert fetcher.urls == ["https://example.org/rivers"]
     assert "Caspian" in answer["results"][0]["passages"][0]["text"]
+
+
+def test_a_heading_is_named_once_on_the_first_passage_under_it(loopback_only, tmp_path):
+    long_section = "<h2>The Danube</h2>" + "".join(f"<p>Danube fact {i}: the river passes town number {i} on its way "
+                                                   f"to the Black Sea, with a bridge and a harbour.</p>" for i in range(12))
+    page = ARTICLE.replace("<h2>The Danube</h2>", long_section)
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", allow_private_hosts=True, scrape_chunk_tokens=40)
+    with LocalServer({"/rivers": html(page)}) as server:
+        answer = scrape(config, [{"url": server.url("/rivers"), "query": "*"}], 4000)
+    passages = answer["results"][0]["passages"]
+    danube = [p for p in passages if "Danube fact" in p["text"]]
+    assert len(danube) > 2
+    assert danube[0]["heading"] == "Rivers of Europe > The Danube" and not any("heading" in p for p in danube[1:])
+    assert answer["text"].count("Rivers of Europe > The Danube") == 1
+    assert fits(answer, 4000)

@@ -140,3 +140,30 @@ def test_stdio_server_reads_allow_private_hosts_from_the_environment(tmp_path, s
     allowed = anyio.run(call, {"TINYCONTEXT_ALLOW_PRIVATE_HOSTS": "true"})
     assert allowed["results"][0]["outcome"] == "ok"
     assert any("Caspian" in p["text"] for p in allowed["results"][0]["passages"])
+
+
+def test_servers_load_one_model_for_memory_and_web(loopback_only, tmp_path, site, monkeypatch):
+    """scrape_urls ranks with the memory engine's embedder (same model): the model is loaded once."""
+    from conftest import HashEmbedder
+    from tinycontext import embedders
+    from tinycontext import close_engines
+
+    loads = []
+    monkeypatch.setattr(embedders, "create_embedder", lambda config: loads.append(config) or HashEmbedder())
+    item = {"url": site.url("/rivers"), "query": "How long is the Volga?"}
+
+    async def scenario():
+        async with create_connected_server_and_client_session(build_server(web_config(tmp_path / "mcp", site))._mcp_server) as client:
+            assert not (await client.call_tool("recall_memories", {"query": "rivers"})).isError
+            result = await client.call_tool("scrape_urls", {"items": [item], "max_tokens": 500})
+            assert "3,530 kilometres" in result.content[0].text
+
+    try:
+        anyio.run(scenario)
+        assert len(loads) == 1
+        client = TestClient(create_app(web_config(tmp_path / "rest", site)), base_url="http://127.0.0.1")
+        assert client.post("/scrape_urls", json={"items": [item], "max_tokens": 500}).status_code == 200
+        assert client.post("/recall_memories", json={"query": "rivers"}).status_code == 200
+        assert len(loads) == 2  # one per configuration (the MCP one and the REST one), not one per tool
+    finally:
+        close_engines()

@@ -75,6 +75,9 @@ class TinyContextConfig(BaseModel):
     # Relevance floor: memories with no lexical match and a dense cosine below this are not returned (0: off);
     # chosen from scripts/tune_floor.py's sweep (notes/relevance_floor.md).
     recall_min_dense: float = Field(0.3, ge=0.0, le=1.0)
+    # Score cliff: the answer ends at the first memory whose scores are all below (1 - this) x the best
+    # so far (0: off; retrieval.cliff_cut); tuned with scripts/tune_floor.py (notes/relevance_floor.md).
+    recall_score_cliff: float = Field(0.0, ge=0.0, le=0.99)
     # Rows BM25 may score per recall: the query's commonest words are dropped past it (0: no bound).
     recall_fts_budget: int = Field(30_000, ge=0)
     # Conversations (tinycontext/conversation.py): a turn gains weight / (3 + its episode's rank), a
@@ -120,6 +123,8 @@ class TinyContextConfig(BaseModel):
     scrape_links_max_tokens: int = Field(300, ge=0, le=10_000)
     # Longest passage scrape_urls cuts a page into (passages follow headings and paragraphs).
     scrape_chunk_tokens: int = Field(160, ge=20, le=2000)
+    # A PDF is read up to this many pages (its bytes are bounded by web_max_bytes).
+    scrape_pdf_max_pages: int = Field(200, ge=1, le=10_000)
     # How scrape_urls fetches: plain HTTP, the browser (pages built by scripts), or auto (HTTP, then the
     # browser for a page whose static HTML has no main content).
     scrape_backend: Literal["http", "browser", "auto"] = "http"

@@ -21,6 +21,7 @@ Pure functions apart from :func:`episode_bm25`, which reads the store.
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import date, datetime, timezone
 from typing import Any, Sequence
@@ -117,6 +118,15 @@ def embedding_text(content: str, speaker: str | None = None, occurred_at: str | 
     text = display_text(content, speaker, attachments)
     words = date_words(occurred_at)
     return f"[{words}] {text}" if words else text
+
+
+# The memories columns embedding_text needs, in the order stored_embedding_text reads them.
+EMBEDDING_COLUMNS = "content, speaker, occurred_at, attachments"
+
+
+def stored_embedding_text(content: str, speaker: str | None, occurred_at: str | None, attachments: str | None) -> str:
+    """embedding_text of a stored row (``EMBEDDING_COLUMNS``): what reindex and backfill embed, as save did."""
+    return embedding_text(content, speaker, occurred_at, json.loads(attachments or "[]"))
 
 
 def search_context(speaker: str | None = None, occurred_at: str | None = None, attachments: Sequence[str] = ()) -> str:

@@ -1,6 +1,6 @@
 """The memory engine: saving, recalling, editing memories in one SQLite file.
 
-``MemoryEngine`` holds an open store and a loaded embedder. The module-level functions
+``MemoryEngine`` holds an open store and an embedder loaded on first use. The module-level functions
 (``save_memories``, ``recall_memories``, ...) reuse one engine per configuration, so a process pays
 for opening the database and loading the model once.
 """
@@ -36,7 +36,7 @@ from .errors import (
 from .filters import Filters, expiry, parse_filters
 from .render import Page, check_agent_budget, check_detail, recall_page
 from .fts_budget import bounded_match
-from .retrieval import fuse, relevance_floor
+from .retrieval import cliff_cut, fuse, relevance_floor
 from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory, typed_storage_errors
 from .vector_index import VectorIndex
 
@@ -50,6 +50,7 @@ MAX_SESSION_CHARS = 200
 MAX_OFFSET = 1_000_000
 # sqlite-vec refuses KNN queries with k above this; deeper dense candidate lists are cut to it.
 VEC_KNN_MAX = 4096
+_UNOPENED = object()  # the embedder before its first use
 
 
 class MemoryInput(BaseModel):
@@ -156,37 +157,50 @@ class MemoryEngine:
 
     def __init__(self, config: TinyContextConfig | None = None, *, embedder: EmbedderProtocol | None = None, progress: bool = False):
         self.config = config or TinyContextConfig()
-        if embedder is None:
-            # None: keyword-only (no model configured, or unavailable and keyword_fallback allows it).
-            embedder, self.keyword_reason = keyword.open_embedder(self.config)
-        else:
-            self.keyword_reason = None
-        self.embedder = embedder
+        self._embedder: EmbedderProtocol | None | object = _UNOPENED if embedder is None else embedder
+        self._reindexed: int | None = None  # None until the embedder is bound to the database
+        self._bind_lock = threading.Lock()
+        self.keyword_reason: str | None = None
         self.tokens = TokenCounter(self.config.encoding_name)
         self.store = Store(self.config.memory_db_path)
         try:
             language.set_tokenizer(self.store, self.config.fts_tokenizer)
-            if embedder is None:
-                keyword.ensure_vector_table(self.store)
-                self.reindexed = 0
-            else:
-                self.reindexed = self.store.bind_embedder(
-                    embedder.identity, reindex=self.config.reindex,
-                    embed_all=lambda texts: embedder.embed_documents(texts, progress=True),
-                )
-                # Memories saved while no model was available get their vectors now (reindex='auto').
-                if self.config.reindex == "auto":
-                    self.reindexed += keyword.backfill(self.store, embedder)
-        except BaseException:  # e.g. model_mismatch: do not leave the file open
+            # A new database gets a vector table at once, so counts and deletes never need the model.
+            keyword.ensure_vector_table(self.store)
+        except BaseException:  # do not leave the file open
             self.store.close()
             raise
         self.index = VectorIndex(self.store, self.config.vector_cache_max, self.config.vector_quantized_max)
         self.progress = progress
 
     @property
+    def embedder(self) -> EmbedderProtocol | None:
+        """The embedding model (None: keyword-only), loaded and bound to the database on first use.
+
+        Reading, deleting and listing never ask for it, so they work without loading the model and on
+        a database built by another one; saving and recall then raise ``model_mismatch``."""
+        if self._reindexed is None:
+            with self._bind_lock:
+                if self._reindexed is None:
+                    if self._embedder is _UNOPENED:
+                        # None: keyword-only (no model configured, or unavailable and keyword_fallback allows it).
+                        self._embedder, self.keyword_reason = keyword.open_embedder(self.config)
+                    self._reindexed = keyword.bind(self.store, self.config, self._embedder)
+        return self._embedder
+
+    @property
+    def reindexed(self) -> int:
+        """How many memories binding the embedder (re-)embedded (reindex='auto')."""
+        _ = self.embedder
+        return self._reindexed
+
+    @property
     def search_mode(self) -> str:
-        """"hybrid" (BM25 + vectors) or "keyword" (BM25 only: no embedding model)."""
-        return "keyword" if self.embedder is None else "hybrid"
+        """"hybrid" (BM25 + vectors) or "keyword" (BM25 only: no embedding model). Before the model is
+        first needed this is the configured mode, without loading it."""
+        if self._reindexed is None:
+            return "keyword" if self.config.embedding_backend == keyword.NO_MODEL else "hybrid"
+        return "keyword" if self._embedder is None else "hybrid"
 
     def close(self) -> None:
         self.store.close()
@@ -408,7 +422,7 @@ class MemoryEngine:
                tags: Sequence[str] | None = None, offset: int = 0, dense_weight: float | None = None,
                rrf_k: float | None = None, candidates: int | None = None, filters: Filters | dict | None = None,
                episode_weight: float | None = None, neighbour_weight: float | None = None, speaker_boost: float | None = None,
-               min_dense: float | None = None) -> dict:
+               min_dense: float | None = None, score_cliff: float | None = None) -> dict:
         """The library answer: full memory dicts whose content fits ``max_tokens``. Interfaces that
         hand text to an agent use :meth:`recall_rendered`, whose budget covers what they render.
         ``filters`` (see :mod:`tinycontext.filters`) narrows by tags, metadata and time."""
@@ -418,7 +432,7 @@ class MemoryEngine:
         ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset,
                             dense_weight=dense_weight, rrf_k=rrf_k, candidates=candidates, filters=filters,
                             episode_weight=episode_weight, neighbour_weight=neighbour_weight, speaker_boost=speaker_boost,
-                            min_dense=min_dense)
+                            min_dense=min_dense, score_cliff=score_cliff)
         window = ranked["window"]
         chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, ranked["top_k"])
         memories = [window[p] for p in chosen]
@@ -436,6 +450,8 @@ class MemoryEngine:
             "candidates": ranked["candidates"],
             # Candidates the relevance floor (recall_min_dense) left out: no lexical match, weak dense similarity.
             "below_floor": ranked["below_floor"],
+            # Candidates after the score cliff (recall_score_cliff): clearly weaker than what was returned.
+            "below_cliff": ranked["below_cliff"],
             "mode": self.search_mode,
             "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
         }
@@ -451,12 +467,14 @@ class MemoryEngine:
         return recall_page(ranked["window"], max_tokens=max_tokens, counter=self.tokens, limit=ranked["top_k"],
                            offset=offset, detail=detail, session_id=ranked["session_id"],
                            extra={**({"below_floor": ranked["below_floor"]} if ranked["below_floor"] else {}),
+                                  **({"below_cliff": ranked["below_cliff"]} if ranked["below_cliff"] else {}),
                                   **({"mode": "keyword"} if self.embedder is None else {})} or None)
 
     def _rank(self, query: str, *, session_id: str | None, top_k: int | None, tags: Sequence[str] | None, offset: int,
               dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None,
               filters: Filters | dict | None = None, episode_weight: float | None = None,
-              neighbour_weight: float | None = None, speaker_boost: float | None = None, min_dense: float | None = None) -> dict:
+              neighbour_weight: float | None = None, speaker_boost: float | None = None, min_dense: float | None = None,
+              score_cliff: float | None = None) -> dict:
         """Ranked memories from ``offset`` on (full dicts with rank and scores), before any budget."""
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query must be non-empty text: say what you want to remember.")
@@ -472,6 +490,7 @@ class MemoryEngine:
         neighbour_weight = _check_number(self.config.recall_neighbour_weight if neighbour_weight is None else neighbour_weight, "neighbour_weight", 0.0, 1.0)
         speaker_boost = _check_number(self.config.recall_speaker_boost if speaker_boost is None else speaker_boost, "speaker_boost", 0.0, 10.0)
         min_dense = _check_number(self.config.recall_min_dense if min_dense is None else min_dense, "min_dense", 0.0, 1.0)
+        cliff = _check_number(self.config.recall_score_cliff if score_cliff is None else score_cliff, "score_cliff", 0.0, 0.99)
         depth = _check_int(self.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000)
         session = _check_session(session_id)
         tag_list = _normalise_tags([] if tags is None else tags, "tags")
@@ -510,6 +529,9 @@ class MemoryEngine:
                     break
                 ranked += fresh
                 seen.update(c.id for c in fresh)
+        # The score cliff cuts the whole order, not the page, so every page agrees where the answer ends.
+        kept = cliff_cut([(c.bm25, c.dense) for c in ranked], cliff)
+        ranked, below_cliff = ranked[:kept], len(ranked) - kept
         window = ranked[offset:]
         rows = self._rows([c.id for c in window])
         memories = [
@@ -517,7 +539,7 @@ class MemoryEngine:
             for position, c in enumerate(c for c in window if c.id in rows)
         ]
         return {"query": query, "session_id": session, "top_k": top_k, "window": memories, "candidates": len(ranked),
-                "below_floor": below_floor}
+                "below_floor": below_floor, "below_cliff": below_cliff}
 
     def _conversation_rerank(self, query: str, session: str | None, ranked: list, dense_hits: list, episode_weight: float,
                              neighbour_weight: float, speaker_boost: float, *, expand: bool) -> list:

@@ -9,7 +9,6 @@ have no vector; :func:`backfill` embeds exactly those once a model is configured
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import TYPE_CHECKING
 
@@ -43,6 +42,21 @@ def open_embedder(config: "TinyContextConfig") -> tuple["EmbedderProtocol | None
         return None, f"embedding model unavailable: {err.message}"
 
 
+def bind(store: "Store", config: "TinyContextConfig", embedder: "EmbedderProtocol | None") -> int:
+    """Make the stored vectors fit ``embedder`` (None: keyword-only); how many memories were embedded.
+
+    Raises model_mismatch when the database was built by another model and ``config.reindex`` is not
+    'auto'. With 'auto', memories saved while no model was available get their vectors too."""
+    if embedder is None:
+        ensure_vector_table(store)
+        return 0
+    embedded = store.bind_embedder(embedder.identity, reindex=config.reindex,
+                                   embed_all=lambda texts: embedder.embed_documents(texts, progress=True))
+    if config.reindex == "auto":
+        embedded += backfill(store, embedder)
+    return embedded
+
+
 def instructions_note(config: "TinyContextConfig") -> str:
     """What an agent should know when recall may run on keywords alone (MCP server instructions)."""
     advice = ("recall matches words, not meaning: query with the exact terms a memory would contain, and retry "
@@ -70,11 +84,11 @@ def backfill(store: "Store", embedder: "EmbedderProtocol") -> int:
     """Embed the memories that have no vector (saved keyword-only); returns how many."""
     total = 0
     while True:
-        rows = store.read("SELECT id, session_id, content, speaker, occurred_at, attachments FROM memories "
+        rows = store.read(f"SELECT id, session_id, {conversation.EMBEDDING_COLUMNS} FROM memories "
                           "WHERE id NOT IN (SELECT memory_id FROM memory_vectors) ORDER BY id LIMIT ?", (BACKFILL_BATCH,))
         if not rows:
             return total
-        texts = [conversation.embedding_text(r[2], r[3], r[4], json.loads(r[5] or "[]")) for r in rows]
+        texts = [conversation.stored_embedding_text(*r[2:]) for r in rows]
         vectors = np.asarray(embedder.embed_documents(texts, progress=True), np.float32)
         with store.write() as conn:
             for (memory_id, session, *_), vector in zip(rows, vectors):

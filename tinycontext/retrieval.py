@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Sequence
 
 MAX_QUERY_TERMS = 64
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -95,3 +96,27 @@ def relevance_floor(ranked: list[Candidate], min_dense: float) -> tuple[list[Can
         return ranked, 0
     kept = [c for c in ranked if c.bm25 is not None or c.dense is None or c.dense >= min_dense]
     return kept, len(ranked) - len(kept)
+
+
+def cliff_cut(scores: Sequence[tuple[float | None, float | None]], cliff: float) -> int:
+    """How many of the ranked candidates, given as (bm25, dense) best first, to return: the answer
+    ends at the first one clearly weaker than those before it, i.e. each of its scores is below
+    ``1 - cliff`` times the best of that kind so far (a score it lacks counts as below; a kind no
+    earlier candidate had does not). What follows such a drop is rarely evidence, and the tokens are
+    the agent's. Candidates without any score (context a re-ranker added) never end it. 0: off."""
+    if cliff <= 0.0:
+        return len(scores)
+    keep = 1.0 - cliff
+    best_bm25: float | None = None
+    best_dense: float | None = None
+    for position, (bm25, dense) in enumerate(scores):
+        if position and (bm25 is not None or dense is not None):
+            weak_bm25 = bm25 is None or (best_bm25 is not None and bm25 < keep * best_bm25)
+            weak_dense = dense is None or (best_dense is not None and dense < keep * best_dense)
+            if weak_bm25 and weak_dense:
+                return position
+        if bm25 is not None and (best_bm25 is None or bm25 > best_bm25):
+            best_bm25 = bm25
+        if dense is not None and (best_dense is None or dense > best_dense):
+            best_dense = dense
+    return len(scores)

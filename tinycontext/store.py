@@ -21,9 +21,12 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from .conversation import EMBEDDING_COLUMNS, stored_embedding_text
 from .errors import ModelMismatchError, StorageError
 
 SCHEMA_VERSION = 6
+# What reindexing reads: each memory's id, session and the text its vector embeds (as save does).
+_EMBED_ROWS = f"SELECT id, session_id, {EMBEDDING_COLUMNS} FROM memories ORDER BY id"
 BUSY_TIMEOUT_MS = 10_000
 
 
@@ -342,8 +345,8 @@ class Store:
             return 0
         count = self.read("SELECT count(*) FROM memories")[0][0]
         self._refuse_mismatch(stored, identity, count, reindex)
-        rows = self.read("SELECT id, session_id, content FROM memories ORDER BY id")
-        vectors = embed_all([r[2] for r in rows]) if rows else np.zeros((0, identity["dimensions"]), np.float32)
+        rows = self.read(_EMBED_ROWS)
+        vectors = embed_all([stored_embedding_text(*r[2:]) for r in rows]) if rows else np.zeros((0, identity["dimensions"]), np.float32)
         with self.write() as conn:
             # Another process may have bound an embedder or saved memories since the reads above
             # (two processes opening a new database at once): decide again under the write lock.
@@ -352,10 +355,10 @@ class Store:
             if same_embedder(stored, identity) and conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'memory_vectors'").fetchone():
                 conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('embedder', ?)", (json.dumps(identity, sort_keys=True),))
                 return 0
-            latest = conn.execute("SELECT id, session_id, content FROM memories ORDER BY id").fetchall()
+            latest = conn.execute(_EMBED_ROWS).fetchall()
             self._refuse_mismatch(stored, identity, len(latest), reindex)
             if latest != rows:
-                rows, vectors = latest, embed_all([r[2] for r in latest])
+                rows, vectors = latest, embed_all([stored_embedding_text(*r[2:]) for r in latest])
             conn.execute("DROP TABLE IF EXISTS memory_vectors")
             conn.execute(
                 "CREATE VIRTUAL TABLE memory_vectors USING vec0("

@@ -28,7 +28,7 @@ from ..render import MIN_AGENT_TOKENS, Detail
 from ..web.browser.tools import router as browser_router
 from . import browse
 from .guard import ServeSettings, protect
-from .mcp_schemas import SaveOutput
+from .mcp_schemas import DeleteOutput, MemoryOutput, RecallOutput, SaveOutput
 from .health import health_report
 
 log = logging.getLogger(__name__)
@@ -74,71 +74,6 @@ class UpdateRequest(IdRequest):
     tags: list[str] | None = Field(None, description="New tags (replace the old ones).")
     metadata: dict[str, Any] | None = Field(None, description="New metadata (replaces the old one).")
     expected_version: int | None = Field(None, description="Only update if still at this version; else 409 conflict.")
-
-
-class Memory(BaseModel):
-    id: int
-    session_id: str
-    content: str
-    tags: list[str]
-    metadata: dict[str, Any]
-    tokens: int
-    created_at: str
-    updated_at: str
-    version: int
-
-
-class Scores(BaseModel):
-    rrf: float
-    bm25: float | None
-    dense: float | None
-
-
-class RecalledMemory(BaseModel):
-    """compact: id, rank, content, tags (when any), date; full adds the other Memory fields and scores."""
-
-    id: int
-    rank: int
-    content: str
-    tags: list[str] | None = None
-    date: str | None = None
-    session_id: str | None = None
-    metadata: dict[str, Any] | None = None
-    tokens: int | None = None
-    created_at: str | None = None
-    updated_at: str | None = None
-    version: int | None = None
-    scores: Scores | None = None
-
-
-class RecallResponse(BaseModel):
-    """The body is the structured answer as counted: its compact JSON is at most max_tokens."""
-
-    memories: list[RecalledMemory]
-    total_tokens: int = Field(description="Tokens of the answer's text rendering (what a model reads).")
-    max_tokens: int
-    truncated: bool
-    next_offset: int | None
-    omitted: int | None = Field(None, description="Matches inside this page that did not fit max_tokens.")
-    needed_tokens: int | None = Field(None, description="When nothing fits: the smallest max_tokens that shows the best match.")
-
-
-class Version(BaseModel):
-    version: int
-    content: str
-    tags: list[str]
-    metadata: dict[str, Any]
-    created_at: str
-    superseded_at: str
-
-
-class MemoryWithHistory(Memory):
-    history: list[Version] = []
-
-
-class DeleteResponse(BaseModel):
-    id: int
-    deleted: bool
 
 
 class Health(BaseModel):
@@ -220,26 +155,26 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     def save_memories(body: SaveRequest) -> dict:
         return engines().save(body.memories, session_id=body.session_id, episode=body.episode)
 
-    @app.post("/recall_memories", response_model=RecallResponse, summary="Recall the most relevant memories within a token budget")
+    @app.post("/recall_memories", response_model=RecallOutput, summary="Recall the most relevant memories within a token budget")
     def recall_memories(body: RecallRequest) -> JSONResponse:
         # Sent as built: the body is exactly the JSON the budget counted (no model re-serialization).
         page = engines().recall_rendered(body.query, session_id=body.session_id, max_tokens=body.max_tokens, top_k=body.top_k,
                                          tags=body.tags, offset=body.offset, detail=body.detail, filters=body.filters)
         return JSONResponse(page.structured)
 
-    @app.post("/update_memory", response_model=MemoryWithHistory, summary="Replace a memory's content, tags or metadata")
+    @app.post("/update_memory", response_model=MemoryOutput, summary="Replace a memory's content, tags or metadata")
     def update_memory(body: UpdateRequest) -> dict:
         return engines().update(body.id, body.content, tags=body.tags, metadata=body.metadata, expected_version=body.expected_version)
 
-    @app.post("/delete_memory", response_model=DeleteResponse, summary="Delete a memory and its history")
+    @app.post("/delete_memory", response_model=DeleteOutput, summary="Delete a memory and its history")
     def delete_memory(body: IdRequest) -> dict:
         return engines().delete(body.id)
 
-    @app.post("/get_memory", response_model=MemoryWithHistory, summary="One memory with its edit history")
+    @app.post("/get_memory", response_model=MemoryOutput, summary="One memory with its edit history")
     def get_memory(body: IdRequest) -> dict:
         return engines().get(body.id)
 
-    app.include_router(web_router(lambda: config or load_config()))
+    app.include_router(web_router(lambda: config or load_config(), engine=engines))
     app.include_router(browser_router(config))
     app.include_router(browse.router(engines))
     return app

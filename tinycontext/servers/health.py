@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 
 def health_report(engine: MemoryEngine) -> dict:
+    _ = engine.embedder  # ready means able to save and recall: the model loads and fits the database
     stats = engine.stats()
     return {"status": "ok", "version": __version__, "memories": stats["memories"], "sessions": stats["sessions"],
             "embedder": (stats["embedder"] or {}).get("model")}

@@ -13,7 +13,7 @@ from typing import Iterator
 from starlette.types import ASGIApp
 
 from ..config import TinyContextConfig
-from ..errors import ConfigError, MissingExtraError
+from ..errors import ConfigError, MissingExtraError, ModelMismatchError
 from .guard import TRANSPORTS, ServeSettings, is_loopback, protect
 
 __all__ = ["TRANSPORTS", "ServeSettings", "background", "mcp_app", "rest_app", "serve"]
@@ -107,7 +107,12 @@ def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, r
         raise ConfigError("The stdio transport is not a network server: run `tinycontext mcp`.")
     config = config or load_config()
     try:
-        get_engine(config)
+        engine = get_engine(config)
+        try:
+            _ = engine.embedder  # load the model now, so the first call is as fast as the tenth
+        except ModelMismatchError as err:
+            # Still served: get, delete, sessions and stats work; save and recall answer this error.
+            print(f"warning: {err}", file=sys.stderr)
         app = rest_app(settings, config) if rest else mcp_app(settings, config)
         what = "REST API (docs at /docs)" if rest else f"MCP over {settings.transport} at /{'sse' if settings.transport == 'sse' else 'mcp'}"
         auth = "bearer token required" if settings.token else "no token (loopback only)"

@@ -1,7 +1,7 @@
 """Output schemas of the MCP tools: what each tool's structured content looks like.
 
 Clients read them from ``tools/list`` (``outputSchema``) and the official SDK client checks every
-successful result against them. The shapes follow what the tools hand over: compact recall and
+successful result against them. The REST app answers with the same models. The shapes follow what the tools hand over: compact recall and
 listing items from :mod:`tinycontext.render`, the engine's save/get/update/delete answers, the
 browse answers. Objects allow extra keys, so a field added later (e.g. by ``detail="full"``) stays
 valid; error results (``isError``) carry ``{"error": {code, message}}`` and are not checked.
@@ -37,6 +37,8 @@ class RecallOutput(_Open):
     omitted: int | None = Field(None, description="Matches that did not fit max_tokens.")
     needed_tokens: int | None = Field(None, description="When nothing fit: the max_tokens that shows the best match.")
     mode: str | None = Field(None, description='"keyword" when no embedding model is available (BM25 only).')
+    below_floor: int | None = Field(None, description="Candidates left out by the relevance floor (no lexical match, weak similarity).")
+    below_cliff: int | None = Field(None, description="Candidates left out after the score cliff (clearly weaker than those returned).")
 
 
 class Saved(BaseModel):
@@ -64,6 +66,10 @@ class MemoryOutput(_Open):
     created_at: str
     updated_at: str
     version: int
+    occurred_at: str | None = Field(None, description="When it happened (conversation turns).")
+    speaker: str | None = None
+    attachments: list[str] = Field(default_factory=list, description="What was shared with it, e.g. an image caption.")
+    episode: str | None = Field(None, description="Episode key (chat session, thread).")
     history: list[dict[str, Any]] | None = Field(None, description="Earlier versions, oldest first.")
 
 

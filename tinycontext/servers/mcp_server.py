@@ -98,9 +98,10 @@ class TinyContextMCP(FastMCP):
 
 
 async def warm_up(config: TinyContextConfig) -> None:
-    """Open the shared engine for ``config`` (loads the model) off the event loop; log a failure."""
+    """Open the shared engine for ``config`` and load its model off the event loop; log a failure
+    (calls that need the model report it; get, delete, sessions and stats work without it)."""
     try:
-        await anyio.to_thread.run_sync(get_engine, config)
+        await anyio.to_thread.run_sync(lambda: get_engine(config).embedder)
     except TinyContextError as err:
         log.warning("engine not ready: %s", err)
 
@@ -214,7 +215,7 @@ def build_server(config: TinyContextConfig | None = None) -> FastMCP:
     async def get_memory(id: MemoryId) -> CallToolResult:
         return await answer(lambda engine: engine.get(id), memory_block)
 
-    web_tools.register(server, config)
+    web_tools.register(server, config, engine=lambda: get_engine(config))
     register_browser(server, config)
     browse.register(server, config)
     server.output_schemas = output_schemas()

@@ -14,7 +14,8 @@ import lxml.html
 import trafilatura
 from lxml import etree
 
-from .fetch import HTML_TYPES, FetchResult
+from .fetch import HTML_TYPES, PDF_TYPES, FetchResult
+from .pdf import extract_pdf
 
 MAX_LINKS = 300
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9._:-]+)""", re.IGNORECASE)
@@ -144,9 +145,12 @@ def extract_html(html: str, url: str) -> ExtractedPage:
     return ExtractedPage(url, title, markdown.strip(), links)
 
 
-def extract_page(result: FetchResult) -> ExtractedPage:
-    """The page a successful fetch holds (HTML through trafilatura, plain text as it is)."""
+def extract_page(result: FetchResult, *, pdf_max_pages: int = 200) -> ExtractedPage:
+    """The page a successful fetch holds (HTML through trafilatura, PDF through
+    :mod:`tinycontext.web.pdf`, at most ``pdf_max_pages`` pages; plain text as it is)."""
     url = result.final_url or result.url
+    if result.content_type in PDF_TYPES:
+        return extract_pdf(result.body, url, max_pages=pdf_max_pages)
     is_html = result.content_type in HTML_TYPES
     text = decode_body(result.body, result.charset, html=is_html)
     if is_html:

@@ -22,6 +22,8 @@ from .guard import BlockedURLError, Guard, GuardedTransport
 # Types we can turn into text; everything else is ``unsupported_type`` before its body is read.
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 TEXT_TYPES = ("text/plain", "text/markdown", "text/x-markdown")
+PDF_TYPES = ("application/pdf", "application/x-pdf")
+READABLE_TYPES = HTML_TYPES + TEXT_TYPES + PDF_TYPES
 _CHUNK = 64 * 1024
 
 
@@ -57,6 +59,8 @@ def _media_type(header: str) -> tuple[str, str | None]:
 
 
 def _sniff(body: bytes) -> str:
+    if body[:1024].lstrip().startswith(b"%PDF-"):
+        return "application/pdf"
     head = body[:512].lstrip().lower()
     if head.startswith((b"<!doctype html", b"<html", b"<head", b"<body")) or b"<html" in head:
         return "text/html"
@@ -93,7 +97,7 @@ class HttpFetcher:
             max_redirects=self.config.web_max_redirects,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
             headers={"User-Agent": self.config.web_user_agent, "Accept-Encoding": "gzip, deflate",
-                     "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.1"},
+                     "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,application/pdf;q=0.8,*/*;q=0.1"},
             trust_env=False,  # proxies from the environment would bypass the pinned connect
         )
 
@@ -138,8 +142,8 @@ class HttpFetcher:
             if declared.isdigit() and int(declared) > limit:
                 result.outcome, result.detail = "too_large", f"Content-Length {declared} exceeds {limit} bytes"
                 return
-            if media and media not in HTML_TYPES + TEXT_TYPES:
-                result.outcome, result.detail = "unsupported_type", f"content type {media} is not HTML or plain text"
+            if media and media not in READABLE_TYPES:
+                result.outcome, result.detail = "unsupported_type", f"content type {media} is not HTML, plain text or PDF"
                 return
             encoding = response.headers.get("content-encoding", "identity").strip().lower()
             if encoding not in ("identity", "", "gzip", "x-gzip", "deflate"):
@@ -155,5 +159,5 @@ class HttpFetcher:
                 body += data
             result.body = bytes(body)
             result.content_type = media or _sniff(result.body)
-            if result.content_type not in HTML_TYPES + TEXT_TYPES:
-                result.outcome, result.detail = "unsupported_type", "body is not text"
+            if result.content_type not in READABLE_TYPES:
+                result.outcome, result.detail = "unsupported_type", "body is not text or PDF"

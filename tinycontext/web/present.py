@@ -1,7 +1,8 @@
 """Web answers as the agent receives them: text and structured content, both within max_tokens.
 
 Built on :func:`tinycontext.render.fit_page`, the renderer recall uses, so a scrape or search
-answer is counted the same way (text and compact JSON, frames included).
+answer is counted the same way (text and compact JSON, frames included). A heading path is named
+once, on the first passage under it, not on every passage: it would cost as much as a short passage.
 """
 
 from __future__ import annotations
@@ -46,9 +47,40 @@ def _pick_links(pages: Sequence[PageResult], budget: int, counter: TokenCounter)
     return picked
 
 
-def _where(chunk) -> str:
-    heading = " > ".join(one_line(h) for h in chunk.heading_path)
-    return f"[{heading + ' · ' if heading else ''}chars {chunk.start}-{chunk.end}]"
+def _heading(chunk) -> str:
+    return " > ".join(one_line(h) for h in chunk.heading_path)
+
+
+def _where(chunk, heading: bool) -> str:
+    path = _heading(chunk) if heading else ""
+    return f"[{path + ' · ' if path else ''}chars {chunk.start}-{chunk.end}]"
+
+
+def _starts_with_its_heading(chunk) -> bool:
+    """A section's first passage begins with the heading line itself: the path adds nothing when it is one level."""
+    return len(chunk.heading_path) == 1 and chunk.text.lstrip("#").strip().startswith(chunk.heading_path[0])
+
+
+def _carries_heading(candidates: list[tuple[int, Chunk]]) -> list[bool]:
+    """Which candidates pay for their heading when filling the budget: the best-ranked passage of each
+    (page, heading path). The answer names a heading once, on the first passage under it (see
+    ``_show_headings``), so the others cost only their text."""
+    seen: set = set()
+    out = []
+    for page_index, chunk in candidates:
+        key = (page_index, chunk.heading_path)
+        out.append(bool(chunk.heading_path) and key not in seen and not _starts_with_its_heading(chunk))
+        seen.add(key)
+    return out
+
+
+def _show_headings(chunks: list[Chunk]) -> list[bool]:
+    """In display order: a passage names its heading path when it differs from the previous passage's."""
+    out, previous = [], None
+    for chunk in chunks:
+        out.append(bool(chunk.heading_path) and chunk.heading_path != previous and not _starts_with_its_heading(chunk))
+        previous = chunk.heading_path
+    return out
 
 
 def scrape_page(pages: Sequence[PageResult], *, max_tokens: int, counter: TokenCounter, links_max_tokens: int,
@@ -71,6 +103,8 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
                  order: str) -> Page:
     links = _pick_links(pages, links_budget, counter)
     candidates = interleave(pages)
+    carries = _carries_heading(candidates)
+    ranked = [(i, chunk, carry) for (i, chunk), carry in zip(candidates, carries)]
 
     def grouped(chosen: list[int]) -> dict[int, list[int]]:
         groups: dict[int, list[int]] = {i: [] for i in range(len(pages))}
@@ -88,13 +122,17 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
             return [f"# {page.item.url}", f"{page.outcome}{status}: {one_line(page.fetch.detail or page.outcome)}"]
         return [f"# {one_line(page.title) or url}", f"<{url}>"]
 
+    def shown(fitted: Page, slots: list[int]) -> list[tuple[Chunk, bool]]:
+        chunks = [candidates[fitted.chosen[s]][1] for s in slots]
+        return list(zip(chunks, _show_headings(chunks)))
+
     def text(lines: list[str], fitted: Page) -> str:
         if fitted.needed is not None:
             return f"Nothing fits max_tokens={fitted.max_tokens}: the best passage needs max_tokens={fitted.needed}."
         out: list[str] = []
         for index, slots in grouped(fitted.chosen).items():
             out.extend(header(pages[index]))
-            out.extend(lines[s] for s in slots)
+            out.extend(f"{_where(chunk, named)}\n{chunk.text}" for chunk, named in shown(fitted, slots))
             if links[index]:
                 out.append("Links:")
                 out.extend(_link_line(l["url"], l["text"]) for l in links[index])
@@ -117,7 +155,7 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
                 entry["detail"] = page.fetch.detail or page.outcome
             else:
                 entry["title"] = page.title
-                entry["passages"] = [objects[s] for s in slots]
+                entry["passages"] = [passage(chunk, named) for chunk, named in shown(fitted, slots)]
                 if links[index]:
                     entry["links"] = links[index]
             results.append(entry)
@@ -130,13 +168,14 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
             out["needed_tokens"] = fitted.needed
         return out
 
-    def item(pair) -> dict:
-        _, chunk = pair
+    def passage(chunk: Chunk, heading: bool) -> dict:
         entry = {"text": chunk.text, "start": chunk.start, "end": chunk.end}
-        if chunk.heading_path:
-            entry["heading"] = " > ".join(chunk.heading_path)
+        if heading:
+            entry["heading"] = _heading(chunk)
         return entry
 
-    return fit_page(candidates, max_tokens=max_tokens, counter=counter,
-                    line=lambda pair: f"{_where(pair[1])}\n{pair[1].text}", item=item,
+    # Filling counts each passage with its heading when it is the best of its section; the frames
+    # render the headings where they change, and the whole answer is counted again at the end.
+    return fit_page(ranked, max_tokens=max_tokens, counter=counter,
+                    line=lambda r: f"{_where(r[1], r[2])}\n{r[1].text}", item=lambda r: passage(r[1], r[2]),
                     text_frame=text, structured_frame=structured)

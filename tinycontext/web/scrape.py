@@ -1,8 +1,8 @@
 """scrape_urls: fetch pages, keep their main content, hand back the passages that answer a query.
 
 Per item ``{url, query?}``: fetch (any :class:`~tinycontext.web.fetch.Fetcher`; httpx behind the
-SSRF guard by default), extract Markdown, split it into passages, rank them with the engine's
-hybrid search against the query, and fill ONE token budget shared by all items with the best
+SSRF guard by default), extract Markdown (HTML, plain text or PDF), split it into passages, rank
+them with the engine's hybrid search against the query, and fill ONE token budget shared by all items with the best
 passages (each item's best first, then each item's second...). Without a query (or ``"*"``) a page
 is read in order. Passages are original text with the URL, title, heading path and character
 offsets into the extracted Markdown. Every item gets an outcome; one bad URL never raises.
@@ -82,6 +82,20 @@ def check_items(items: Any) -> list[ScrapeItem]:
     return out
 
 
+# What decides the vectors an embedder makes (its cache, batch and thread settings do not).
+_VECTOR_FIELDS = ("embedding_backend", "embedding_model", "models_dir", "embedding_url", "embedding_dimensions",
+                  "dense_query_prefix", "dense_document_prefix")
+
+
+def shared_embedder(engine, config: TinyContextConfig):
+    """The memory ``engine``'s embedder when it embeds as ``config`` would (so a server holds one copy of
+    the model); None otherwise, or when the engine runs keyword-only, and then scrape loads its own."""
+    if engine is None or engine.embedder is None:
+        return None
+    same = all(getattr(engine.config, name) == getattr(config, name) for name in _VECTOR_FIELDS)
+    return engine.embedder if same else None
+
+
 @functools.lru_cache(maxsize=4)
 def embedder_for(config: TinyContextConfig):
     """The embedder recall uses for this configuration (loaded once per process); None when the
@@ -93,7 +107,7 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
              counter: TokenCounter) -> PageResult:
     if fetched.outcome != "ok":
         return PageResult(item, fetched, fetched.outcome)
-    page: ExtractedPage = extract_page(fetched)
+    page: ExtractedPage = extract_page(fetched, pdf_max_pages=config.scrape_pdf_max_pages)
     result = PageResult(item, fetched, "ok", title=page.title, markdown_chars=len(page.markdown))
     if not page.markdown.strip():
         result.outcome = "empty"
@@ -134,7 +148,7 @@ async def ascrape_urls(items: Any, max_tokens: int | None = None, *, order: str 
     """Scrape 1-5 ``{url, query?}`` items into one answer of at most ``max_tokens`` tokens.
 
     Returns the structured content an agent receives (``results``: per item ``url``, ``outcome``,
-    ``title``, ``passages`` with ``text``/``heading``/``start``/``end``, ``links``; plus
+    ``title``, ``passages`` with ``text``/``start``/``end`` and ``heading`` where it changes, ``links``; plus
     ``total_tokens``, ``max_tokens``, ``truncated``) and its rendering under ``text``; each of the
     two counts at most ``max_tokens``. ``order``: passages per page in ``page`` order or ``rank`` order.
     ``backend`` (default ``scrape_backend``): ``http``, ``browser`` or ``auto`` (see

@@ -6,6 +6,7 @@ are the library's answer, already fitted to ``max_tokens``. The group is on when
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import Annotated, Any, Callable
 
@@ -16,7 +17,7 @@ from ..config import TinyContextConfig
 from ..errors import TinyContextError
 from .clock import current_datetime, render_datetime
 from .scrape import MAX_ITEMS as SCRAPE_MAX_ITEMS
-from .scrape import ascrape_urls
+from .scrape import ascrape_urls, shared_embedder
 from .search import MAX_ITEMS as SEARCH_MAX_ITEMS
 from .search import SEARCH_MAX_TOKENS, asearch
 
@@ -38,8 +39,20 @@ def _split(answer: dict) -> tuple[str, dict]:
     return structured.pop("text"), structured
 
 
-def register(server, config: TinyContextConfig) -> None:
-    """Add search, scrape_urls and current_datetime to a FastMCP ``server`` when ``web_tools`` is on."""
+async def _engine_embedder(engine: Callable[[], Any] | None, config: TinyContextConfig):
+    """The memory engine's embedder, when ``engine()`` opens and embeds as ``config`` does."""
+    if engine is None:
+        return None
+    try:
+        opened = await asyncio.to_thread(engine)
+    except TinyContextError:
+        return None  # the memory side is broken; scrape still works with a model of its own
+    return shared_embedder(opened, config)
+
+
+def register(server, config: TinyContextConfig, *, engine: Callable[[], Any] | None = None) -> None:
+    """Add search, scrape_urls and current_datetime to a FastMCP ``server`` when ``web_tools`` is on.
+    ``engine`` (the server's engine getter) lends its embedder to scrape_urls when the model is the same."""
     if not config.web_tools:
         return
     from ..servers.mcp_server import error_result
@@ -87,7 +100,11 @@ def register(server, config: TinyContextConfig) -> None:
             "for a page whose HTML has no main content). Default: the scrape_backend setting."))] = None,
     ) -> CallToolResult:
         raw = [i.model_dump(exclude_none=True) for i in items]
-        return await answer(lambda: ascrape_urls(raw, max_tokens, order=order, config=config, backend=backend))
+        async def work():
+            return await ascrape_urls(raw, max_tokens, order=order, config=config, backend=backend,
+                                      embedder=await _engine_embedder(engine, config))
+
+        return await answer(work)
 
     @server.tool(
         name="current_datetime",
@@ -113,9 +130,10 @@ class ScrapeRequest(BaseModel):
     backend: str | None = Field(None, description="http, browser or auto (default: scrape_backend).")
 
 
-def router(get_config: Callable[[], TinyContextConfig]):
+def router(get_config: Callable[[], TinyContextConfig], *, engine: Callable[[], Any] | None = None):
     """REST endpoints ``POST /search``, ``POST /scrape_urls``, ``GET /current_datetime`` (404 when
-    ``web_tools`` is off). ``get_config`` is called once, at the first request."""
+    ``web_tools`` is off). ``get_config`` is called once, at the first request; ``engine`` as for
+    :func:`register`."""
     from fastapi import APIRouter
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
@@ -140,7 +158,8 @@ def router(get_config: Callable[[], TinyContextConfig]):
     async def scrape_endpoint(body: ScrapeRequest):
         current = enabled()
         answer = await ascrape_urls([i.model_dump(exclude_none=True) for i in body.items], body.max_tokens,
-                                    order=body.order, config=current, backend=body.backend)
+                                    order=body.order, config=current, backend=body.backend,
+                                    embedder=await _engine_embedder(engine, current))
         return JSONResponse(_split(answer)[1])
 
     @api.get("/current_datetime", summary="UTC and local time now")
