@@ -163,6 +163,7 @@ def fill_session(engine: MemoryEngine, session: str, n: int, texts: list[str], v
     in the partition) and BM25 cost depends on term statistics, which stay those of real text.
     """
     tokens = engine.tokens
+    _ = engine.embedder  # binds the model to the database first: vectors written by hand must carry its identity
     with engine.store.write() as conn:
         conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, now_iso()))
         for start in range(0, n, 5000):
