@@ -1,6 +1,6 @@
 """The harness's speed targets, for a quiet machine: one command, JSON + a notes table.
 
-    python scripts/bench_harness.py [--out notes/bench_harness] [--sweep-limit-s 600]
+    python scripts/bench_harness.py [--out notes/bench_harness] [--sweep-limit-s 560]
 
 1. A 40-config SciFact sweep (``experiment=scifact_sweep``) from a cold cache (nothing embedded,
    nothing indexed, empty results store). If it has not finished after ``--sweep-limit-s`` it is
@@ -74,7 +74,7 @@ def latency(row) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "notes" / "bench_harness")
-    parser.add_argument("--sweep-limit-s", type=float, default=600.0, help="stop the cold sweep after this long")
+    parser.add_argument("--sweep-limit-s", type=float, default=560.0, help="stop the cold sweep after this long")
     parser.add_argument("--experiment", default="scifact_sweep", help="the sweep preset (tiny_sweep for a smoke test)")
     parser.add_argument("--dataset", default="scifact", help="the preset's dataset, for the run alone")
     args = parser.parse_args()
