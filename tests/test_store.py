@@ -90,6 +90,9 @@ def test_migration_from_v1(config):
         # v1 hashes still catch duplicates; edits get history.
         assert eng.save(["Water the ficus  on Sundays."], session_id="home")["skipped"][0]["duplicate_of"] == ids[2]
         assert eng.update(ids[1], "Standup moved to 10:00.")["history"][0]["content"] == V1_ROWS[1][1]
+        # v6: the session index that bounds BM25 to a session's id range.
+        assert eng.store.read("SELECT 1 FROM sqlite_master WHERE name = 'memories_session_id'")
+        assert eng.store.session_span("home") == (ids[2], ids[2]) and eng.store.session_span("nowhere") is None
     # Reopening does not migrate or re-embed again.
     with MemoryEngine(config, embedder=HashEmbedder()) as eng:
         assert eng.reindexed == 0 and eng.store.schema_version == SCHEMA_VERSION and counts(eng)[:3] == (3, 3, 3)

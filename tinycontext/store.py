@@ -24,7 +24,7 @@ import numpy as np
 from .conversation import EMBEDDING_COLUMNS, stored_embedding_text
 from .errors import ModelMismatchError, StorageError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # What reindexing reads: each memory's id, session and the text its vector embeds (as save does).
 _EMBED_ROWS = f"SELECT id, session_id, {EMBEDDING_COLUMNS} FROM memories ORDER BY id"
 BUSY_TIMEOUT_MS = 10_000
@@ -160,6 +160,9 @@ MIGRATIONS: dict[int, str] = {
     """,
     # v5: ids are never reused (AUTOINCREMENT) and every memory has a stable uid (idempotent import).
     5: lambda conn: _never_reuse_ids(conn),
+    # v6: a session's first and last id in O(log n), so BM25 can be limited to that id range
+    # (see Store.session_span) instead of scoring every session's matches.
+    6: "CREATE INDEX IF NOT EXISTS memories_session_id ON memories(session_id, id);",
 }
 
 
@@ -309,6 +312,12 @@ class Store:
                     conn.execute(f"PRAGMA user_version = {version}")
         finally:
             self.conn.execute("PRAGMA foreign_keys = ON")
+
+    def session_span(self, session: str) -> tuple[int, int] | None:
+        """(lowest, highest) memory id of ``session``, None when it has none."""
+        row = self.read("SELECT (SELECT min(id) FROM memories WHERE session_id = ?1), (SELECT max(id) FROM memories WHERE session_id = ?1)",
+                        (session,))[0]
+        return None if row[0] is None else (row[0], row[1])
 
     def get_meta(self, key: str) -> str | None:
         rows = self.read("SELECT value FROM meta WHERE key = ?", (key,))
