@@ -127,6 +127,13 @@ def main() -> None:
             # A stopped sweep still bounds the ratio from below: it took longer than it ran.
             key = "sweep_over_one_run" if complete else "sweep_over_one_run_at_least"
             result[key] = round(cold["seconds"] / one_cold, 2)
+            if not complete and len(done) and total:
+                # A projection, labelled as one: the unfinished jobs at the finished jobs' median pace
+                # (2 joblib workers), excluding the job that built the index.
+                pace = float(done[done["index_reused"]]["run_seconds"].median() if done["index_reused"].any()
+                             else done["run_seconds"].median()) / 2
+                result["projected_sweep_seconds"] = round(cold["seconds"] + (total - len(done)) * pace)
+                result["projected_sweep_over_one_run"] = round(result["projected_sweep_seconds"] / one_cold, 2)
     result["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     (args.out / "bench_harness.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
     (args.out / "bench_harness.md").write_text(table(result), encoding="utf-8")
@@ -151,6 +158,9 @@ def table(r: dict) -> str:
         ratio = ratio if ratio is not None else f"> {r.get('sweep_over_one_run_at_least')} (sweep stopped)"
         lines.append(f"| one cold run = index build + run alone | {r['one_cold_run_seconds']:.0f} s | | |")
         lines.append(f"| sweep / one cold run | {ratio} | <= 1.5 | |")
+        if "projected_sweep_seconds" in r:
+            lines.append(f"| projection (not a measurement): the rest at the finished jobs' median pace | "
+                         f"{r['projected_sweep_seconds']} s, ratio {r['projected_sweep_over_one_run']} | <= 1.5 | |")
     if alone.get("latency"):
         a, i = alone["latency"], r.get("default_inside_sweep")
         lines += ["", "Default config (w 0.5, k 10), live recall latency p50 / p95 / p99 (ms):", "",
