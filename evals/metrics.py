@@ -9,7 +9,7 @@ import numpy as np
 from ir_measures import RR, R, nDCG
 
 # Column name in results.csv -> ir-measures measure. MRR@10 is ir-measures' RR@10 averaged.
-MEASURES = {"ndcg@10": nDCG @ 10, "recall@10": R @ 10, "recall@100": R @ 100, "mrr@10": RR @ 10}
+MEASURES = {"ndcg@10": nDCG @ 10, "recall@5": R @ 5, "recall@10": R @ 10, "recall@100": R @ 100, "mrr@10": RR @ 10}
 
 
 def per_query_quality(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:

@@ -28,7 +28,7 @@ from .stats import bootstrap_ci, diff_ci, holm, paired_p, summary
 ALPHA = 0.05
 KEY_COLUMNS = ["dataset", "embedder", "pooling", "query_prefix", "document_prefix", "dense_weight", "rrf_k",
                "top_k", "candidates", "max_tokens"]
-RESULT_COLUMNS = ["tune_ndcg@10", "ndcg@10", "ndcg@10_ci_low", "ndcg@10_ci_high", "recall@10", "recall@10_ci_low",
+RESULT_COLUMNS = ["tune_ndcg@10", "ndcg@10", "ndcg@10_ci_low", "ndcg@10_ci_high", "recall@5", "recall@10", "recall@10_ci_low",
                   "recall@10_ci_high", "recall@100", "mrr@10", "budget_recall", "recall_p50_ms", "recall_p95_ms",
                   "recall_p99_ms", "peak_rss_mb", "index_docs_per_s", "tokens_returned", "tokens_naive", "token_savings"]
 SWEEPABLE = ["embedder", "pooling", "query_prefix", "document_prefix", "dense_weight", "rrf_k", "top_k",
@@ -274,13 +274,13 @@ def _category_table(part: pd.DataFrame, jobs: list[str]) -> list[str]:
     if not cats:
         return []
     lines = ["LoCoMo categories 1-4 (test = dev split; category 5, adversarial questions about things that never",
-             "happened, has no answer and is excluded). R@10 and recall within the budget with 95% CIs:", ""]
+             "happened, has no answer and is excluded). R@5, R@10 and recall within the budget with 95% CIs:", ""]
     table = []
     for job in jobs:
         row = part[part["job"] == job].iloc[0]
         for cat in cats:
             table.append({"job": job, "category": cat[3:], "queries": int(row[f"{cat}_queries"]),
-                          "R@10": _fmt_ci(row, f"{cat}_recall@10"), "nDCG@10": _fmt_ci(row, f"{cat}_ndcg@10"),
+                          "R@5": _fmt_ci(row, f"{cat}_recall@5"), "R@10": _fmt_ci(row, f"{cat}_recall@10"), "nDCG@10": _fmt_ci(row, f"{cat}_ndcg@10"),
                           "budget recall": _fmt_ci(row, f"{cat}_budget_recall")})
     return [*lines, _markdown(pd.DataFrame(table)), ""]
 
@@ -358,7 +358,7 @@ def _dataset_section(name: str, part: pd.DataFrame, per_query: pd.DataFrame, met
                      f"{test_split} {_fmt_ci(d, metric)}")
     lines.append("")
     shown = [c for c in ["job", *axes, f"tune_{metric}", f"tune_{metric}_ci_low", f"tune_{metric}_ci_high", metric,
-                         f"{metric}_ci_low", f"{metric}_ci_high", "recall@10", "budget_recall", "tokens_returned",
+                         f"{metric}_ci_low", f"{metric}_ci_high", "recall@5", "recall@10", "budget_recall", "tokens_returned",
                          "tokens_naive", "recall_p95_ms", "recall_p99_ms", "peak_rss_mb", "p_vs_default_holm",
                          "p_vs_best_holm", "tied_with_best"] if c in part]
     shown = list(dict.fromkeys(shown))

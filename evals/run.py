@@ -44,13 +44,15 @@ def main(cfg: DictConfig) -> float:
 
     started = time.perf_counter()
     hc = HydraConfig.get()
-    record = run_config(cfg, Path(hc.runtime.output_dir), overrides=list(hc.overrides.task))
+    multirun = hc.mode == RunMode.MULTIRUN
+    record = run_config(cfg, Path(hc.runtime.output_dir), overrides=list(hc.overrides.task),
+                        sweep_dir=Path(hc.sweep.dir) if multirun else None)
     row = record["row"]
     log.info("%s | %s | w=%g k=%g budget=%d: nDCG@10 %s %.4f [%.4f, %.4f], %s %.4f; budget recall %.3f, p95 %.1f ms, "
              "tokens %.0f vs %.0f naive", row["dataset"], row["embedder"], row["dense_weight"], row["rrf_k"], row["max_tokens"],
              row["test_split"], row["ndcg@10"], row["ndcg@10_ci_low"], row["ndcg@10_ci_high"], row["tune_split"],
              row["tune_ndcg@10"], row["budget_recall"], row["recall_p95_ms"], row["tokens_returned"], row["tokens_naive"])
-    if hc.mode == RunMode.MULTIRUN:
+    if multirun:
         log.info(record_progress(Path(hc.sweep.dir), str(hc.job.num), time.perf_counter() - started))
     return float(row["ndcg@10"])  # the value an optimizing sweeper (Optuna, Nevergrad) would maximise
 

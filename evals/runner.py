@@ -24,6 +24,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
@@ -46,7 +47,7 @@ RANKING_DEPTH = 100
 NAIVE_TOP = 10
 UNLIMITED_TOKENS = 1_000_000
 QUALITY = [*MEASURES, "budget_recall"]
-CATEGORY_METRICS = ["recall@10", "ndcg@10", "budget_recall"]
+CATEGORY_METRICS = ["recall@5", "recall@10", "ndcg@10", "budget_recall"]
 # Config keys that say where things are kept, not what is measured: not part of a job's key.
 NOT_IN_KEY = ("hydra", "base_dir", "shared_dir", "cache_dir", "models_dir", "results_store", "force", "latency")
 
@@ -191,7 +192,8 @@ def _recall_kwargs(r: DictConfig) -> dict:
             **_overrides(r.get("kwargs"))}
 
 
-def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, naive: dict, r: DictConfig, max_tokens: int) -> list[dict]:
+def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, naive: dict, r: DictConfig, max_tokens: int,
+                  rendered: bool = False) -> list[dict]:
     run: dict[str, dict[str, float]] = {}
     rows: list[dict] = []
     kwargs = _recall_kwargs(r)
@@ -204,16 +206,21 @@ def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, nai
             continue
         text = dataset.queries[qid]
         session = dataset.query_sessions[qid] if dataset.query_sessions else None
-        answer = engine.recall(text, session_id=session, max_tokens=max_tokens, top_k=int(r.top_k), **kwargs)
+        if rendered:  # what an MCP/REST client receives: text and structured content each within the budget
+            page = engine.recall_rendered(text, session_id=session, max_tokens=max_tokens, top_k=int(r.top_k), **kwargs)
+            received, tokens = page.structured["memories"], page.tokens
+        else:
+            answer = engine.recall(text, session_id=session, max_tokens=max_tokens, top_k=int(r.top_k), **kwargs)
+            received, tokens = answer["memories"], answer["total_tokens"]
         ranking = engine.recall(text, session_id=session, max_tokens=UNLIMITED_TOKENS, top_k=depth, **kwargs)
         n = len(ranking["memories"])
         run[qid] = {d: float(n - i) for i, m in enumerate(ranking["memories"]) for d in doc_ids[str(m["id"])]}
-        seen = [d for m in answer["memories"] for d in doc_ids[str(m["id"])]]
+        seen = [d for m in received for d in doc_ids[str(m["id"])]]
         top = [d for m in ranking["memories"][:10] for d in doc_ids[str(m["id"])]]
         rows.append({"query_id": qid, "tune": qid in tune, "test": qid in test, "session": session,
                      **dataset.query_info.get(qid, {}),
-                     "tokens_returned": answer["total_tokens"], "tokens_naive": naive[qid],
-                     "memories_returned": len(answer["memories"]), "budget_recall": recall_within(seen, dataset.qrels[qid]),
+                     "tokens_returned": tokens, "tokens_naive": naive[qid],
+                     "memories_returned": len(received), "budget_recall": recall_within(seen, dataset.qrels[qid]),
                      "retrieved": ";".join(top), "relevant": ";".join(d for d, g in dataset.qrels[qid].items() if g > 0)})
     quality = per_query_quality({q["query_id"]: dataset.qrels[q["query_id"]] for q in rows}, run)
     for row in rows:
@@ -240,7 +247,11 @@ def _timing_pass(cfg: DictConfig, dataset: EvalDataset, db: Path, engine_setting
     return dict(zip(sample, ms)), len(sample)
 
 
-def _probe(cfg: DictConfig, dataset: EvalDataset, spec: str, models_dir: Path, index_overrides: dict) -> dict:
+def _probe(cfg: DictConfig, dataset: EvalDataset, spec: str, models_dir: Path, index_overrides: dict,
+           shared_dir: Path | None) -> dict:
+    """Indexing throughput and peak RSS: the median of ``latency.probe_runs`` fresh processes, once per
+    model and engine settings in this process, and once per sweep when ``shared_dir`` (the sweep
+    directory) is given: the workers of a sweep share the figures instead of each probing again."""
     n = int(cfg.latency.index_sample)
     request = {"model": spec, "models_dir": str(models_dir), **_embedder_args(cfg.embedder), "engine": index_overrides,
                "docs": [{"text": d.text, "session": d.session} for d in dataset.docs[: n + 8]],
@@ -248,9 +259,23 @@ def _probe(cfg: DictConfig, dataset: EvalDataset, spec: str, models_dir: Path, i
                            for q in dataset.judged[:5] if not dataset.query_sessions
                            or dataset.query_sessions[q] in {d.session for d in dataset.docs[: n + 8]}]}
     key = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
-    if key not in _probes:
-        _probes[key] = probe(request)
-    return _probes[key]
+    if key in _probes:
+        return _probes[key]
+    file = shared_dir / f".probe-{key[:20]}.json" if shared_dir is not None else None
+    if file is not None and file.is_file():  # written by another worker of this sweep (under the timing lock)
+        _probes[key] = json.loads(file.read_text(encoding="utf-8"))
+        return _probes[key]
+    runs = [probe(request) for _ in range(max(1, int(cfg.latency.probe_runs)))]
+    rss = [r["peak_rss_mb"] for r in runs]
+    result = {"index_docs_per_s": float(np.median([r["index_docs_per_s"] for r in runs])),
+              "index_sample_docs": runs[0]["index_sample_docs"], "peak_rss_mb": float(np.median(rss)),
+              "peak_rss_mb_min": min(rss), "peak_rss_mb_max": max(rss), "probe_runs": len(runs)}
+    if file is not None:
+        tmp = file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result), encoding="utf-8")
+        os.replace(tmp, file)
+    _probes[key] = result
+    return result
 
 
 def is_default(cfg: DictConfig, engine_settings: dict) -> bool:
@@ -307,13 +332,42 @@ def write_outputs(output_dir: Path, record: dict, per_query: pd.DataFrame) -> No
         os.replace(tmp, output_dir / name)  # atomic: a shared sweep dir never shows half a file
 
 
-def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = ()) -> dict:
-    """Evaluate one composed config; write result.json and per_query.csv into ``output_dir``."""
+def _store_path(cfg: DictConfig, base: Path) -> Path:
+    return (base / Path(cfg.results_store).expanduser()).resolve()
+
+
+def reuse_finished(cfg: DictConfig, output_dir: Path, overrides: list[str] = ()) -> dict | None:
+    """If this job (same config, data, model and code) finished before and ``force`` is off, write its
+    result.json and per_query.csv from the results store into ``output_dir`` and return its record."""
+    if cfg.get("force"):
+        return None
+    base = Path(cfg.base_dir).expanduser().resolve()
+    dataset = get_dataset(cfg.dataset, base)
+    bundle = resolve_model(resolve_model_spec(str(cfg.embedder.model), base), (base / Path(cfg.models_dir).expanduser()).resolve())
+    key = job_key(cfg, dataset, model_key(bundle, cfg.embedder.pooling or None))
+    with ResultsStore(_store_path(cfg, base)) as store:
+        hit = store.find(key)
+    if hit is None:
+        return None
+    record, per_query = hit
+    record["reused_run"] = {"run_id": record["run_id"], "finished_at": record["finished_at"]}
+    record["row"]["overrides"] = " ".join(overrides)
+    write_outputs(output_dir, record, per_query)
+    log.info("job %s already finished (run %s, %s): reused; force=true runs it again", key, record["run_id"],
+             record["finished_at"])
+    return record
+
+
+def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = (), sweep_dir: Path | None = None) -> dict:
+    """Evaluate one composed config; write result.json and per_query.csv into ``output_dir``
+    (``sweep_dir``: the sweep it belongs to, whose jobs share one probe per model)."""
     started = time.perf_counter()
+    if (record := reuse_finished(cfg, output_dir, overrides)) is not None:
+        return record
     base = Path(cfg.base_dir).expanduser().resolve()
     cache_dir = (base / Path(cfg.cache_dir).expanduser()).resolve()
     models_dir = (base / Path(cfg.models_dir).expanduser()).resolve()
-    store_path = (base / Path(cfg.results_store).expanduser()).resolve()
+    store_path = _store_path(cfg, base)
     index_overrides, recall_overrides = _overrides(cfg.engine.index), _overrides(cfg.engine.recall)
     engine_settings = {**index_overrides, **recall_overrides}
     spec = resolve_model_spec(str(cfg.embedder.model), base)
@@ -321,26 +375,32 @@ def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = ()) -> 
     bundle = resolve_model(spec, models_dir)
     key = job_key(cfg, dataset, model_key(bundle, cfg.embedder.pooling or None))
 
-    with ResultsStore(store_path) as store:
-        if not cfg.get("force") and (hit := store.find(key)) is not None:
-            record, per_query = hit
-            record["reused_run"] = {"run_id": record["run_id"], "finished_at": record["finished_at"]}
-            record["row"]["overrides"] = " ".join(overrides)
-            write_outputs(output_dir, record, per_query)
-            log.info("job %s already finished (run %s, %s): reused; force=true runs it again", key, record["run_id"],
-                     record["finished_at"])
-            return record
-
     r, max_tokens = cfg.retrieval, int(cfg.budget.max_tokens)
+    # Where a job's time goes (seconds per phase), so sweep overheads can be found in results.csv.
+    phases, mark = {}, time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        phases[f"seconds_{name}"] = now - mark
+        mark = now
+
+    phase("setup")
     with computing(cache_dir):
         embedder = get_embedder(cfg.embedder, models_dir, cache_dir, base)
         computed, hits = embedder.computed, embedder.hits  # the embedder outlives jobs: count this one's only
         db, index = ensure_index(dataset, embedder, cache_dir, index_overrides)
+        phase("index")
         with MemoryEngine(TinyContextConfig(memory_db_path=db, **engine_settings), embedder=embedder) as engine:
-            rows = _quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, max_tokens)
+            rows = _quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, max_tokens,
+                                 bool(cfg.budget.get("rendered", False)))
+        phase("quality")
     with timing_alone(cache_dir):
+        phase("wait_alone")
         latencies, timed = _timing_pass(cfg, dataset, db, engine_settings, models_dir, base, max_tokens)
-        cost = _probe(cfg, dataset, spec, models_dir, index_overrides)
+        phase("timing")
+        cost = _probe(cfg, dataset, spec, models_dir, index_overrides, sweep_dir)
+        phase("probe")
         load_at_timing = [round(x, 2) for x in os.getloadavg()]
 
     per_query = pd.DataFrame(rows)
@@ -364,6 +424,7 @@ def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = ()) -> 
         "embedding_model": spec, "overrides": " ".join(overrides),
     }
     row["run_seconds"] = time.perf_counter() - started
+    row.update(phases)
     env = environment()
     env["load_average_at_timing"] = load_at_timing
     record = {

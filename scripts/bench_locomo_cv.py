@@ -4,9 +4,11 @@ Each conversation is saved through the public API twice: ``plain`` ("Speaker: te
 the engine could use before conversation fields) and ``turns`` (the README's recipe: each chat
 session in one save call, a turn per memory with speaker, occurred_at and attachments). Then:
 
-- a grid of ``episode_weight`` x ``neighbour_weight`` x ``speaker_boost`` on ``turns``: R@5, R@10
-  per question; leave-one-conversation-out: for each conversation, the setting best on the other
-  four (mean R@10), scored on the held-out one;
+- a grid of recall settings on ``turns`` (default ``episode_weight`` x ``neighbour_weight`` x
+  ``speaker_boost``; any ``recall()`` keyword, e.g. ``time_boost``): R@5, R@10 per question, each
+  setting's paired-bootstrap difference from the defaults; leave-one-conversation-out: for each
+  conversation, the setting best on the other four (mean R@10), scored on the held-out one, and
+  that choice's paired difference from the defaults on the held-out questions;
 - the engine defaults vs ``plain``: R@5/R@10 overall and per category with 95% bootstrap CIs, the
   paired-bootstrap CI of the difference;
 - evidence recall within a token budget as the agent receives it (``recall_rendered``: the text
@@ -29,7 +31,6 @@ from tqdm import tqdm
 import bench_locomo
 from bench_engine import UNLIMITED, ingest_locomo, new_engine
 
-KNOBS = ("episode_weight", "neighbour_weight", "speaker_boost")
 GRID = {"episode_weight": (0.0, 0.2, 0.3), "neighbour_weight": (0.0, 0.3, 0.5), "speaker_boost": (0.0, 0.5, 1.0)}
 
 
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     convs = bench_locomo.load()
-    grid = [dict(zip(KNOBS, values)) for values in itertools.product(*(args.grid[k] for k in KNOBS))] if args.grid else []
+    knobs = list(args.grid)
+    grid = [dict(zip(knobs, values)) for values in itertools.product(*(args.grid[k] for k in knobs))] if args.grid else []
     names = ["plain", "default", *(json.dumps(g) for g in grid)]
     rows: list[dict] = []  # one per question: conv, category, then R@5/R@10 per setting, budget recall
     for conv in tqdm(convs, desc="conversations", unit="conv"):
@@ -118,7 +120,10 @@ def main(argv: list[str] | None = None) -> dict:
         out[f"paired_{metric}_default_minus_plain"] = {"mean": float(diff.mean()), "ci": bootstrap_ci(diff, rng, args.bootstrap)}
     if grid:
         table = {name: (float(np.mean([r[name][0] for r in rows])), float(np.mean([r[name][1] for r in rows]))) for name in names[2:]}
-        out["grid"] = {name: {"R@5": v[0], "R@10": v[1]} for name, v in sorted(table.items(), key=lambda x: -x[1][1])}
+        out["grid"] = {name: {"R@5": v[0], "R@10": v[1], **{
+            f"paired_{metric}_minus_default": {"mean": float(d.mean()), "ci": bootstrap_ci(d, rng, args.bootstrap)}
+            for i, metric in ((0, "R@5"), (1, "R@10")) for d in [np.array([r[name][i] - r["default"][i] for r in rows])]}}
+            for name, v in sorted(table.items(), key=lambda x: -x[1][1])}
         folds, held = {}, []
         for c in dict.fromkeys(r["conv"] for r in rows):
             train = [r for r in rows if r["conv"] != c]
@@ -128,6 +133,10 @@ def main(argv: list[str] | None = None) -> dict:
             folds[c] = {"chosen": json.loads(best), "R@10": float(np.mean([r[best][1] for r in test])),
                         "default_R@10": float(np.mean([r["default"][1] for r in test]))}
         out["loco_cv"] = {"R@5": float(np.mean([h[0] for h in held])), "R@10": float(np.mean([h[1] for h in held])), "folds": folds}
+        defaults = [r["default"] for c in folds for r in rows if r["conv"] == c]  # same question order as `held`
+        for i, metric in ((0, "R@5"), (1, "R@10")):
+            d = np.array([h[i] - g[i] for h, g in zip(held, defaults)])
+            out["loco_cv"][f"paired_{metric}_minus_default"] = {"mean": float(d.mean()), "ci": bootstrap_ci(d, rng, args.bootstrap)}
     print(json.dumps({k: v for k, v in out.items() if k != "grid"}, indent=1))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

@@ -4,15 +4,17 @@ Serves the 5 saved pages of tests/fixtures/web and two LoCoMo chat-archive pages
 experiment's layout) on 127.0.0.1 and times one scrape_urls call with 5 items and a query each:
 ``cold`` = passages not embedded yet (a page the agent has never seen), ``warm`` = the same pages
 again (the embedder's cache holds their passages), plus the same call without a query (no model).
-Median of --runs; the load average is printed next to the figures.
+Median of --runs; the load average is printed next to the figures. With ``--out DIR`` the figures
+also go to DIR/latency.json and DIR/latency.md (a notes table).
 
-    .venv/bin/python scripts/bench_web.py --runs 5
+    .venv/bin/python scripts/bench_web.py --runs 5 --out notes/web_evidence/latency
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -36,7 +38,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=2000)
+    parser.add_argument("--out", type=Path, help="also write latency.json and latency.md here")
     args = parser.parse_args()
+    load_before = os.getloadavg()
     fixtures = ROOT / "tests" / "fixtures" / "web"
     pages = {f"/{name}.html": (fixtures / f"{name}.html").read_bytes() for name in QUERIES}
     locomo = locomo_site(ROOT.parent / "shared" / "datasets" / "locomo" / "locomo-dev.json", [1, 2, 3, 4], stride=1)
@@ -57,13 +61,22 @@ def main() -> None:
                     answer = asyncio.run(ascrape_urls(run_items, args.max_tokens, config=config, embedder=emb))
                     timings.setdefault(f"{name} | {label}", []).append((time.perf_counter() - started) * 1000)
                     assert all(r["outcome"] == "ok" for r in answer["results"]), answer["results"]
-    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}; runs {args.runs}; "
-          f"max_tokens {args.max_tokens}")
-    print("| pages | case | median ms | min ms |")
-    print("|---|---|---|---|")
+    load = f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after ({os.cpu_count()} CPUs)"
+    lines = [f"{load}; runs {args.runs}; max_tokens {args.max_tokens}", "",
+             "| pages | case | median ms | min ms |", "|---|---|---|---|"]
+    rows = []
     for key, values in timings.items():
         name, label = key.split(" | ")
-        print(f"| {name} | {label} | {statistics.median(values):.0f} | {min(values):.0f} |")
+        rows.append({"pages": name, "case": label, "median_ms": round(statistics.median(values)), "min_ms": round(min(values)),
+                     "runs_ms": [round(v) for v in values]})
+        lines.append(f"| {name} | {label} | {rows[-1]['median_ms']} | {rows[-1]['min_ms']} |")
+    print("\n".join(lines))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "latency.json").write_text(json.dumps({"load_before": load_before, "load_after": os.getloadavg(),
+                                                          "cpus": os.cpu_count(), "runs": args.runs,
+                                                          "max_tokens": args.max_tokens, "results": rows}, indent=1) + "\n")
+        (args.out / "latency.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ Evidence recall of an answer = the share of gold units whose text appears in wha
 receives. Compared: our answer at each budget, the whole extracted page, and its first 5,000
 characters (what the reference fetch MCP server returns by default). Tokens are those of the text
 the agent reads. ``python scripts/web_evidence.py [overrides]`` (Hydra config ``conf/web_evidence.yaml``)
-writes results.csv, per_query.csv, report.md and plots/web_evidence.png to the Hydra output directory.
+writes results.csv, results.json, per_query.csv, report.md and plots/web_evidence.png to the Hydra output directory.
 It lives in scripts/ because it drives tinycontext.web's internals (fetch, rank, fit) separately,
 which the harness in evals/ (public API only) does not.
 """
@@ -26,6 +26,7 @@ import asyncio
 import html as htmllib
 import json
 import logging
+import os
 import random
 import re
 import statistics
@@ -228,7 +229,7 @@ def summarise(rows: list[dict]) -> list[dict]:
     out = []
     for (dataset, method, budget), group in df.groupby(["dataset", "method", "budget"], sort=False):
         whole = df[(df.dataset == dataset) & (df.method == "whole page")]
-        out.append({"dataset": dataset, "method": method, "budget": budget or "", "questions": len(group),
+        out.append({"dataset": dataset, "method": method, "budget": int(budget) or "", "questions": len(group),
                     "evidence_recall": round(group.recall.mean(), 4), "mean_tokens": round(group.tokens.mean(), 1),
                     "recall_vs_whole": round(group.recall.mean() / whole.recall.mean(), 4),
                     "tokens_vs_whole": round(group.tokens.mean() / whole.tokens.mean(), 4)})
@@ -266,9 +267,13 @@ def write_report(summary: list[dict], rows: list[dict], out: Path, cfg: DictConf
     fig.savefig(out / "plots" / "web_evidence.png", dpi=120)
     plt.close(fig)
     latency = pd.DataFrame(rows).drop_duplicates(["dataset", "qid"]).groupby("dataset").fetch_rank_ms.median()
+    (out / "results.json").write_text(json.dumps({"config": OmegaConf.to_container(cfg), "load_average": os.getloadavg(),
+                                                  "summary": summary, "median_fetch_rank_ms": latency.round(1).to_dict()},
+                                                 indent=1, default=str) + "\n", encoding="utf-8")
     lines = ["# Web evidence", "", f"Config: `{OmegaConf.to_yaml(cfg).strip().replace(chr(10), '; ')}`", "",
              markdown_table(table), "",
-             "Median fetch + extract + rank per question (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in latency.items()), "",
+             "Median fetch + extract + rank per question (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in latency.items())
+             + "; load average at the end: " + " / ".join(f"{v:.2f}" for v in os.getloadavg()), "",
              "![web evidence](plots/web_evidence.png)"]
     (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -289,7 +294,8 @@ def main(cfg: DictConfig) -> None:
         sites.append(scifact_site(shared / "datasets/scifact", cfg.scifact.abstracts_per_page, cfg.scifact.limit, cfg.seed,
                                   "train" if split == "dev" else "test"))
     config = TinyContextConfig(allow_private_hosts=True, embedding_cache_size=cfg.embedding_cache_size,
-                               scrape_chunk_tokens=cfg.chunk_tokens, **({"embedding_model": cfg.embedding_model} if cfg.embedding_model else {}))
+                               scrape_chunk_tokens=cfg.chunk_tokens,
+                               scrape_neighbour_weight=cfg.neighbour_weight, **({"embedding_model": cfg.embedding_model} if cfg.embedding_model else {}))
     pages = {path: body for site in sites for path, body in site.pages.items()}
     rows: list[dict] = []
     with PageServer(pages) as server:

@@ -7,63 +7,18 @@ swallows the exception. ``LocalServer`` serves handler functions on 127.0.0.1.
 
 from __future__ import annotations
 
-import ipaddress
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 import pytest
-
-_LOOPBACK_NAMES = {"localhost", "localhost.", "ip6-localhost"}
-
-
-def _is_loopback(host) -> bool:
-    try:
-        ip = ipaddress.ip_address(str(host).split("%")[0])
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return ip.is_loopback or bool(mapped and mapped.is_loopback)
+from loopback_guard import install
 
 
 @pytest.fixture
 def loopback_only(monkeypatch):
     violations: list[str] = []
-    real_connect, real_connect_ex, real_sendto = socket.socket.connect, socket.socket.connect_ex, socket.socket.sendto
-    real_getaddrinfo = socket.getaddrinfo
-
-    def check(sock, address, what):
-        if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback(address[0]):
-            violations.append(f"{what} to {address!r}")
-            raise AssertionError(f"test tried to reach {address!r} beyond loopback")
-
-    def connect(sock, address):
-        check(sock, address, "connect")
-        return real_connect(sock, address)
-
-    def connect_ex(sock, address):
-        check(sock, address, "connect_ex")
-        return real_connect_ex(sock, address)
-
-    def sendto(sock, data, *args):
-        check(sock, args[-1], "sendto")
-        return real_sendto(sock, data, *args)
-
-    def getaddrinfo(host, *args, **kwargs):
-        name = host.decode() if isinstance(host, bytes) else host
-        if name is not None and name.lower() not in _LOOPBACK_NAMES:
-            try:
-                ipaddress.ip_address(str(name).split("%")[0])
-            except ValueError:
-                violations.append(f"DNS lookup of {name!r}")
-                raise AssertionError(f"test tried to resolve {name!r} (DNS leaves loopback)")
-        return real_getaddrinfo(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
-    monkeypatch.setattr(socket.socket, "sendto", sendto)
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    install(monkeypatch.setattr, violations)
     yield violations
     assert not violations, f"outbound traffic beyond loopback attempted: {violations}"
 

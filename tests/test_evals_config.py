@@ -65,7 +65,7 @@ def test_variants_change_only_what_they_say():
 
 
 @pytest.mark.parametrize("experiment,jobs", [("tiny_sweep", 6), ("scifact_sweep", 40), ("sweep", 40), ("locomo_budget", 5),
-                                             ("locomo_dev", 20)])
+                                             ("locomo_dev", 20), ("locomo_conversation", 8)])
 def test_presets_are_ready_multiruns(experiment, jobs):
     cfg = composed([f"experiment={experiment}"], hydra=True)
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"

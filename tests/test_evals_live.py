@@ -28,7 +28,7 @@ SLOW_MS = 40.0
 def compose_run(cache: Path, *overrides: str):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose("config", overrides=[f"cache_dir={cache}", f"base_dir={REPO}", "latency.queries=6",
-                                            "latency.warmup=2", "latency.index_sample=10", *overrides])
+                                            "latency.warmup=2", "latency.index_sample=10", "latency.probe_runs=1", *overrides])
 
 
 def test_latency_comes_from_live_recalls_not_the_cache(tmp_path, monkeypatch):
@@ -81,7 +81,7 @@ def test_changing_a_loader_text_function_misses_every_cache(tmp_path):
         module.write_text(LOADER.format(body=body), encoding="utf-8")
         result = subprocess.run(
             [sys.executable, "-m", "evals.run", "dataset._target_=tc_custom_loader.load", "latency.queries=3",
-             "latency.warmup=1", "latency.index_sample=10", f"hydra.run.dir={out}"],
+             "latency.warmup=1", "latency.index_sample=10", "latency.probe_runs=1", f"hydra.run.dir={out}"],
             cwd=REPO, capture_output=True, text=True, timeout=600,
             env={**os.environ, "PYTHONPATH": os.pathsep.join([str(package), os.environ.get("PYTHONPATH", "")]),
                  "TINYCONTEXT_EVAL_CACHE": str(cache)})
@@ -123,3 +123,19 @@ def _fresh_hydra():
     GlobalHydra.instance().clear()
     yield
     GlobalHydra.instance().clear()
+
+
+def test_budget_as_rendered_counts_what_a_client_receives(tmp_path):
+    import pandas as pd
+
+    cache = tmp_path / "cache"
+    runs = {}
+    for rendered in ("false", "true"):
+        run_config(compose_run(cache, "budget.max_tokens=100", f"budget.rendered={rendered}"), tmp_path / rendered)
+        runs[rendered] = pd.read_csv(tmp_path / rendered / "per_query.csv").set_index("query_id")
+    library, page = runs["false"], runs["true"]
+    assert (page["tokens_returned"] <= 100).all() and (library["tokens_returned"] <= 100).all()
+    # The same ranking; the rendered page also pays for its formatting, so it holds fewer memories.
+    assert (page["recall@10"] == library["recall@10"]).all()
+    assert (page["memories_returned"] <= library["memories_returned"]).all()
+    assert page["memories_returned"].sum() < library["memories_returned"].sum()

@@ -20,21 +20,28 @@ from tinycontext import Embedder
 
 
 def test_quality_by_hand():
-    qrels = {"q1": {"a": 2, "b": 1, "c": 0}, "q2": {"d": 1}, "q3": {"e": 1}, "q4": {"a": 0}}
+    qrels = {"q1": {"a": 2, "b": 1, "c": 0}, "q2": {"d": 1}, "q3": {"e": 1}, "q4": {"a": 0}, "q5": {"f": 1}}
     run = {
         "q1": {"x": 3.0, "a": 2.0, "b": 1.0},                           # relevant at ranks 2 and 3
         "q2": {**{f"n{i}": 100.0 - i for i in range(10)}, "d": 1.0},   # relevant at rank 11
+        "q5": {**{f"n{i}": 100.0 - i for i in range(6)}, "f": 1.0},    # relevant at rank 7
         "unjudged": {"a": 1.0},
     }                                                                  # q3 judged, nothing retrieved
     per_query = per_query_quality(qrels, run)
-    assert set(per_query) == {"q1", "q2", "q3"}  # q4 has no relevant document: not judged
+    assert set(per_query) == {"q1", "q2", "q3", "q5"}  # q4 has no relevant document: not judged
     # trec_eval nDCG: linear gain. DCG = 2/log2(3) + 1/log2(4); ideal = 2/log2(2) + 1/log2(3).
     ndcg_q1 = (2 / math.log2(3) + 1 / math.log2(4)) / (2 + 1 / math.log2(3))
-    assert per_query["q1"] == pytest.approx({"ndcg@10": ndcg_q1, "recall@10": 1.0, "recall@100": 1.0, "mrr@10": 0.5})
-    assert per_query["q2"] == pytest.approx({"ndcg@10": 0.0, "recall@10": 0.0, "recall@100": 1.0, "mrr@10": 0.0})
-    assert per_query["q3"] == {"ndcg@10": 0.0, "recall@10": 0.0, "recall@100": 0.0, "mrr@10": 0.0}
+    ndcg_q5 = 1 / math.log2(8)
+    assert per_query["q1"] == pytest.approx({"ndcg@10": ndcg_q1, "recall@5": 1.0, "recall@10": 1.0, "recall@100": 1.0,
+                                             "mrr@10": 0.5})
+    assert per_query["q2"] == pytest.approx({"ndcg@10": 0.0, "recall@5": 0.0, "recall@10": 0.0, "recall@100": 1.0,
+                                             "mrr@10": 0.0})
+    assert per_query["q3"] == {"ndcg@10": 0.0, "recall@5": 0.0, "recall@10": 0.0, "recall@100": 0.0, "mrr@10": 0.0}
+    assert per_query["q5"] == pytest.approx({"ndcg@10": ndcg_q5, "recall@5": 0.0, "recall@10": 1.0, "recall@100": 1.0,
+                                             "mrr@10": 1 / 7})
     assert mean_quality(per_query) == pytest.approx(
-        {"ndcg@10": ndcg_q1 / 3, "recall@10": 1 / 3, "recall@100": 2 / 3, "mrr@10": 0.5 / 3})
+        {"ndcg@10": (ndcg_q1 + ndcg_q5) / 4, "recall@5": 1 / 4, "recall@10": 2 / 4, "recall@100": 3 / 4,
+         "mrr@10": (0.5 + 1 / 7) / 4})
 
 
 def test_budget_tokens_latency():

@@ -42,7 +42,7 @@ def locomo_sweep(tmp_path_factory, shared_dir):
     out = root / "sweep"
     result = subprocess.run(
         [sys.executable, "-m", "evals.run", "-m", "dataset=locomo", f"dataset.path={data}", "retrieval.dense_weight=0,0.5",
-         "latency.queries=5", "latency.warmup=2", "latency.index_sample=20", f"hydra.sweep.dir={out}"],
+         "latency.queries=5", "latency.warmup=2", "latency.index_sample=20", "latency.probe_runs=1", f"hydra.sweep.dir={out}"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
         env={**os.environ, "TINYCONTEXT_EVAL_CACHE": str(root / "cache")})
     assert result.returncode == 0, result.stderr[-3000:]

@@ -62,6 +62,11 @@ def test_sweep_writes_one_row_per_config(sweep):
     assert (rows["p_vs_best_holm"].dropna() >= rows["p_vs_best"].dropna() - 1e-12).all()
     assert (rows["recall_p50_ms"] <= rows["recall_p95_ms"]).all() and (rows["recall_p95_ms"] <= rows["recall_p99_ms"]).all()
     assert (rows["peak_rss_mb"] > 50).all() and (rows["index_docs_per_s"] > 0).all() and (rows["latency_queries"] == 5).all()
+    # RAM and indexing throughput: the median of 3 fresh processes, probed once per model for the whole sweep.
+    assert (rows["probe_runs"] == 3).all()
+    assert ((rows["peak_rss_mb_min"] <= rows["peak_rss_mb"]) & (rows["peak_rss_mb"] <= rows["peak_rss_mb_max"])).all()
+    assert (rows.groupby("embedder")[["peak_rss_mb", "index_docs_per_s"]].nunique() == 1).all().all()
+    assert len(list(out.glob(".probe-*.json"))) == 2
     assert "12/12 configs done" in log and "ETA" in log
 
 
@@ -161,9 +166,22 @@ def test_repeated_sweep_resumes_and_force_reruns(sweep, tmp_path):
     out, cache, _ = sweep
     again = tmp_path / "again"
     log = cli(*SWEEP, f"hydra.sweep.dir={again}", env={"TINYCONTEXT_EVAL_CACHE": str(cache)})
-    assert log.stdout.count("already finished") + log.stderr.count("already finished") == 12
+    text = log.stdout + log.stderr
+    assert text.count("already finished (run") == 12
+    # Taken from the store by the launching process: no job reached the launcher (no job ran Hydra's job setup).
+    assert "12 of 12 jobs already finished" in text and "Launching" not in text
+    assert not list(again.glob("*/.hydra"))
     first, second = pd.read_csv(out / "results.csv"), pd.read_csv(again / "results.csv")
     assert first.sort_values("job")[QUALITY].equals(second.sort_values("job")[QUALITY])
+    # Finished and new jobs interleaved: only the new ones are launched, each in its own job number's directory.
+    mixed = tmp_path / "mixed"
+    log = cli("-m", "dataset=tiny", "retrieval.dense_weight=0,1", "retrieval.rrf_k=10,30", "latency.queries=5",
+              "latency.warmup=2", "latency.index_sample=20", f"hydra.sweep.dir={mixed}", env={"TINYCONTEXT_EVAL_CACHE": str(cache)})
+    assert "2 of 4 jobs already finished" in log.stdout + log.stderr
+    for job, (weight, k, reused) in enumerate([(0, 10, True), (0, 30, False), (1, 10, True), (1, 30, False)]):
+        record = json.loads((mixed / str(job) / "result.json").read_text())
+        assert (record["row"]["dense_weight"], record["row"]["rrf_k"], "reused_run" in record) == (weight, k, reused)
+        assert (mixed / str(job) / ".hydra").is_dir() != reused
     forced = tmp_path / "forced"
     cli("dataset=tiny", "force=true", "latency.queries=5", "latency.warmup=2", "latency.index_sample=20",
         f"hydra.run.dir={forced}", env={"TINYCONTEXT_EVAL_CACHE": str(cache)})

@@ -10,6 +10,7 @@ import pytest
 from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
+from tinycontext.conversation import episode_bm25
 from tinycontext.language import current_tokenizer, set_tokenizer, trigram_query
 
 # (memory, query): each query must find its memory first by keywords alone (shared with scripts/bench_features.py).
@@ -66,6 +67,37 @@ def test_switching_tokenizer_rebuilds_in_place(tmp_path):
     with MemoryEngine(config_for(tmp_path, "unicode61"), embedder=HashEmbedder()) as engine:
         assert current_tokenizer(engine.store) == "unicode61"
         assert engine.recall("القهوة", dense_weight=0.0)["memories"][0]["id"] == ids["arabic"]
+        assert engine.store.read("PRAGMA integrity_check")[0][0] == "ok"
+
+
+def test_episodes_follow_the_tokenizer(tmp_path):
+    def definition(engine, table):
+        return engine.store.read("SELECT sql FROM sqlite_master WHERE name = ?", (table,))[0][0]
+
+    with MemoryEngine(config_for(tmp_path, "porter"), embedder=HashEmbedder()) as engine:
+        first = engine.save([{"content": "我喜欢喝茶", "speaker": "Li"}, {"content": "我也是", "speaker": "Wang"}])["ids"]
+        engine.save([{"content": "今天天气很好", "speaker": "Li"}])
+        episode = engine.store.read("SELECT episode_id FROM memories WHERE id = ?", (first[0],))[0][0]
+        texts = engine.store.read("SELECT rowid, text FROM episodes_fts ORDER BY rowid")
+        assert episode_bm25(engine.store, "喝茶", None, "porter") == []  # porter: a run of Chinese is one token
+        # What switching did before episodes followed the setting: turns on trigram, episodes left on porter.
+        turns_trigram = definition(engine, "memories_fts").replace("porter unicode61 remove_diacritics 2", "trigram")
+        with engine.store.write() as conn:
+            conn.execute("DROP TABLE memories_fts")
+            conn.execute(turns_trigram)
+            conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('rebuild')")
+            conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('fts_tokenizer', 'trigram')")
+    with MemoryEngine(config_for(tmp_path, "trigram"), embedder=HashEmbedder()) as engine:
+        assert "tokenize='trigram'" in definition(engine, "episodes_fts")  # repaired on open
+        assert engine.store.read("SELECT rowid, text FROM episodes_fts ORDER BY rowid") == texts
+        assert [e for e, _ in episode_bm25(engine.store, "喜欢喝茶吗", None, "trigram")] == [episode]
+        assert not set_tokenizer(engine.store, "trigram")  # re-running changes nothing
+        later = engine.save([{"content": "我想喝咖啡", "speaker": "Wang"}])["ids"][0]  # new episodes use the rebuilt index
+        assert engine.store.read("SELECT episode_id FROM memories WHERE id = ?", (later,))[0][0] in [
+            e for e, _ in episode_bm25(engine.store, "想喝咖啡", None, "trigram")]
+        assert engine.recall("喝茶", dense_weight=0.0)["memories"][0]["id"] == first[0]
+    with MemoryEngine(config_for(tmp_path, "unicode61"), embedder=HashEmbedder()) as engine:
+        assert "remove_diacritics 2'" in definition(engine, "episodes_fts") and "porter" not in definition(engine, "episodes_fts")
         assert engine.store.read("PRAGMA integrity_check")[0][0] == "ok"
 
 

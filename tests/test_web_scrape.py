@@ -285,3 +285,14 @@ def test_a_heading_is_named_once_on_the_first_passage_under_it(loopback_only, tm
     assert danube[0]["heading"] == "Rivers of Europe > The Danube" and not any("heading" in p for p in danube[1:])
     assert answer["text"].count("Rivers of Europe > The Danube") == 1
     assert fits(answer, 4000)
+
+
+def test_a_passage_next_to_a_good_one_in_its_section_moves_up():
+    from tinycontext.web.rank import boost_neighbours
+
+    order = [(2, 0.5), (0, 0.3), (3, 0.2), (1, 0.1)]
+    sections = ["a", "a", "a", "b"]  # passage 3 starts another section: no gain from passage 2
+    assert [p for p, _ in boost_neighbours(order, sections, 0.0)] == [2, 0, 3, 1]
+    boosted = boost_neighbours(order, sections, 0.5)
+    assert [p for p, _ in boosted] == [2, 0, 1, 3]
+    assert dict(boosted)[1] == pytest.approx(0.1 + 0.5 * 0.5) and dict(boosted)[3] == 0.2

@@ -86,6 +86,9 @@ class TinyContextConfig(BaseModel):
     recall_episode_weight: float = Field(0.3, ge=0.0, le=10.0)
     recall_neighbour_weight: float = Field(0.5, ge=0.0, le=1.0)
     recall_speaker_boost: float = Field(0.5, ge=0.0, le=10.0)
+    # Time a question names ("on 13 October 2023", "in May", "last week"; tinycontext/when.py): a memory
+    # that happened then (occurred_at, else when it was saved) scores x(1 + boost). 0: off (notes/locomo.md).
+    recall_time_boost: float = Field(0.0, ge=0.0, le=10.0)
     # Which memories of one save call form an episode when they name none: "turns" (those with a
     # speaker), "all", or "none".
     auto_episode: Literal["turns", "all", "none"] = "turns"
@@ -123,6 +126,8 @@ class TinyContextConfig(BaseModel):
     scrape_links_max_tokens: int = Field(300, ge=0, le=10_000)
     # Longest passage scrape_urls cuts a page into (passages follow headings and paragraphs).
     scrape_chunk_tokens: int = Field(160, ge=20, le=2000)
+    # A ranked passage gains this share of its better same-section neighbour's score (evidence spanning passages).
+    scrape_neighbour_weight: float = Field(0.5, ge=0.0, le=2.0)
     # A PDF is read up to this many pages (its bytes are bounded by web_max_bytes).
     scrape_pdf_max_pages: int = Field(200, ge=1, le=10_000)
     # How scrape_urls fetches: plain HTTP, the browser (pages built by scripts), or auto (HTTP, then the

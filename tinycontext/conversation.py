@@ -27,7 +27,8 @@ from datetime import date, datetime, timezone
 from typing import Any, Sequence
 
 from .errors import InvalidInputError
-from .retrieval import Candidate, fts_query
+from .language import match_query
+from .retrieval import Candidate
 
 MAX_SPEAKER_CHARS = 100
 MAX_EPISODE_CHARS = 200
@@ -136,9 +137,10 @@ def search_context(speaker: str | None = None, occurred_at: str | None = None, a
 
 # -- recall -----------------------------------------------------------------------------------------
 
-def episode_bm25(store, query: str, session: str | None, depth: int = EPISODE_DEPTH) -> list[tuple[int, float]]:
-    """(episode id, BM25 over the episode's whole text), best first."""
-    match = fts_query(query)
+def episode_bm25(store, query: str, session: str | None, tokenizer: str, depth: int = EPISODE_DEPTH) -> list[tuple[int, float]]:
+    """(episode id, BM25 over the episode's whole text), best first; ``tokenizer`` is the index's
+    (``fts_tokenizer``), which shapes the query."""
+    match = match_query(tokenizer, query)
     if match is None:
         return []
     sql = ("SELECT e.id, -bm25(episodes_fts) AS score FROM episodes_fts JOIN episodes e ON e.id = episodes_fts.rowid "

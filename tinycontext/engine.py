@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import browse, conversation, keyword, language
+from . import browse, conversation, keyword, language, when
 from .budget import TokenCounter, fit_budget
 from .config import TinyContextConfig
 from .embedders import EmbedderProtocol
@@ -422,7 +422,7 @@ class MemoryEngine:
                tags: Sequence[str] | None = None, offset: int = 0, dense_weight: float | None = None,
                rrf_k: float | None = None, candidates: int | None = None, filters: Filters | dict | None = None,
                episode_weight: float | None = None, neighbour_weight: float | None = None, speaker_boost: float | None = None,
-               min_dense: float | None = None, score_cliff: float | None = None) -> dict:
+               min_dense: float | None = None, score_cliff: float | None = None, time_boost: float | None = None) -> dict:
         """The library answer: full memory dicts whose content fits ``max_tokens``. Interfaces that
         hand text to an agent use :meth:`recall_rendered`, whose budget covers what they render.
         ``filters`` (see :mod:`tinycontext.filters`) narrows by tags, metadata and time."""
@@ -432,7 +432,7 @@ class MemoryEngine:
         ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset,
                             dense_weight=dense_weight, rrf_k=rrf_k, candidates=candidates, filters=filters,
                             episode_weight=episode_weight, neighbour_weight=neighbour_weight, speaker_boost=speaker_boost,
-                            min_dense=min_dense, score_cliff=score_cliff)
+                            min_dense=min_dense, score_cliff=score_cliff, time_boost=time_boost)
         window = ranked["window"]
         chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, ranked["top_k"])
         memories = [window[p] for p in chosen]
@@ -458,12 +458,13 @@ class MemoryEngine:
 
     def recall_rendered(self, query: str, *, session_id: str | None = None, max_tokens: int | None = None,
                         top_k: int | None = None, tags: Sequence[str] | None = None, offset: int = 0,
-                        detail: str = "compact", filters: Filters | dict | None = None) -> Page:
+                        detail: str = "compact", filters: Filters | dict | None = None, **ranking: float | None) -> Page:
         """Recall as an agent receives it: text and structured content, each within ``max_tokens``
-        counted with the configured encoding (see :mod:`tinycontext.render`)."""
+        counted with the configured encoding (see :mod:`tinycontext.render`). ``ranking``: the
+        ranking settings :meth:`recall` takes (``dense_weight``, ``rrf_k``, ``candidates``, ...)."""
         detail = check_detail(detail)
         max_tokens = check_agent_budget(self.config.recall_max_tokens if max_tokens is None else max_tokens)
-        ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset, filters=filters)
+        ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset, filters=filters, **ranking)
         return recall_page(ranked["window"], max_tokens=max_tokens, counter=self.tokens, limit=ranked["top_k"],
                            offset=offset, detail=detail, session_id=ranked["session_id"],
                            extra={**({"below_floor": ranked["below_floor"]} if ranked["below_floor"] else {}),
@@ -474,7 +475,7 @@ class MemoryEngine:
               dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None,
               filters: Filters | dict | None = None, episode_weight: float | None = None,
               neighbour_weight: float | None = None, speaker_boost: float | None = None, min_dense: float | None = None,
-              score_cliff: float | None = None) -> dict:
+              score_cliff: float | None = None, time_boost: float | None = None) -> dict:
         """Ranked memories from ``offset`` on (full dicts with rank and scores), before any budget."""
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query must be non-empty text: say what you want to remember.")
@@ -491,6 +492,9 @@ class MemoryEngine:
         speaker_boost = _check_number(self.config.recall_speaker_boost if speaker_boost is None else speaker_boost, "speaker_boost", 0.0, 10.0)
         min_dense = _check_number(self.config.recall_min_dense if min_dense is None else min_dense, "min_dense", 0.0, 1.0)
         cliff = _check_number(self.config.recall_score_cliff if score_cliff is None else score_cliff, "score_cliff", 0.0, 0.99)
+        time_boost = _check_number(self.config.recall_time_boost if time_boost is None else time_boost, "time_boost", 0.0, 10.0)
+        # Resolved once per recall (dateparser only runs when the query has a date phrase).
+        windows = when.question_windows(query, datetime.now()) if time_boost else []
         depth = _check_int(self.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000)
         session = _check_session(session_id)
         tag_list = _normalise_tags([] if tags is None else tags, "tags")
@@ -513,6 +517,8 @@ class MemoryEngine:
                 # A neighbour outside the candidates may join only when nothing filtered them.
                 ranked = self._conversation_rerank(query, session, ranked, dense_hits, episode_weight, neighbour_weight, speaker_boost,
                                                    expand=not tag_list and not filters)
+            if ranked and windows:
+                ranked = when.boost(ranked, self._times([c.id for c in ranked]), windows, time_boost)
             return ranked, below_floor
 
         ranked, below_floor = ordered(depth)
@@ -552,11 +558,17 @@ class MemoryEngine:
         if not info.keys() & {c.id for c in ranked}:  # no conversation turns among the candidates: nothing to re-score
             return ranked
         has_episodes = any(e is not None for e, _ in info.values())
-        episode_hits = conversation.episode_bm25(self.store, query, session) if episode_weight and has_episodes else []
+        episode_hits = conversation.episode_bm25(self.store, query, session, self.config.fts_tokenizer) if episode_weight and has_episodes else []
         return conversation.rerank(ranked, info, query=query, episode_hits=episode_hits, dense_hits=dense_hits,
                                    episode_weight=episode_weight if has_episodes else 0.0,
                                    neighbour_weight=neighbour_weight if has_episodes else 0.0, speaker_boost=speaker_boost,
                                    expand=expand)
+
+    def _times(self, ids: list[int]) -> dict[int, str]:
+        """When each memory happened: ``occurred_at``, else when it was saved."""
+        return {r[0]: r[1] for r in self.store.read(
+            "SELECT id, coalesce(occurred_at, created_at) FROM memories WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps(ids),))}
 
     @staticmethod
     def _filter_sql(tags: Sequence[str], filters: Filters | None, id_column: str) -> tuple[str, list]:

@@ -10,9 +10,10 @@
   substring. Terms under 3 characters (``喝茶``, an emoji) cannot use the trigram index; they are
   matched with LIKE on the same FTS table and ranked after the BM25 hits.
 
-The choice is recorded in the ``meta`` table and in the FTS table's own definition. Opening a
-database with another ``fts_tokenizer`` rebuilds the index in one transaction (ids, content and
-triggers untouched), so switching back and forth is safe and re-running it changes nothing.
+The choice is recorded in the ``meta`` table and in the FTS tables' own definitions (the memories'
+and the conversation episodes'). Opening a database with another ``fts_tokenizer`` rebuilds them in
+one transaction (ids, content and triggers untouched), so switching back and forth is safe and
+re-running it changes nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import re
 import unicodedata
 from typing import TYPE_CHECKING
+
+from .retrieval import fts_query
 
 if TYPE_CHECKING:
     from .store import Store
@@ -32,31 +35,49 @@ TOKENIZERS = {
 DEFAULT_TOKENIZER = "porter"
 META_KEY = "fts_tokenizer"
 MAX_TERMS = 64
-_TOKENIZE = re.compile(r"tokenize\s*=\s*'[^']*'", re.IGNORECASE)
+_TOKENIZE = re.compile(r"tokenize\s*=\s*'([^']*)'", re.IGNORECASE)
 
 
 def current_tokenizer(store: "Store") -> str:
     return store.get_meta(META_KEY) or DEFAULT_TOKENIZER
 
 
+def _stale_tables(rows: list, spec: str) -> list[tuple[str, str]]:
+    """(name, definition) of the FTS tables whose own definition names another tokenizer spec."""
+    return [(name, sql) for name, sql in rows if (m := _TOKENIZE.search(sql)) is None or m.group(1) != spec]
+
+
 def set_tokenizer(store: "Store", name: str) -> bool:
-    """Rebuild ``memories_fts`` with tokenizer ``name`` unless it already uses it; True if rebuilt."""
+    """Rebuild the FTS tables (``memories_fts``, ``episodes_fts``) whose definition does not use
+    tokenizer ``name``; True if any was rebuilt. Each table's own definition is the record, so a
+    database switched before episodes followed the setting is repaired, and re-running changes nothing."""
     spec = TOKENIZERS[name]
-    if current_tokenizer(store) == name:
+    query = "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name IN ('memories_fts', 'episodes_fts')"
+    if not _stale_tables(store.read(query), spec) and current_tokenizer(store) == name:
         return False
     with store.write() as conn:
-        row = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'memories_fts'").fetchone()
-        stored = conn.execute("SELECT value FROM meta WHERE key = ?", (META_KEY,)).fetchone()
-        if (stored[0] if stored else DEFAULT_TOKENIZER) == name:  # another process switched it meanwhile
-            return False
-        # The table's own definition (columns, content table) with only the tokenizer replaced; the
-        # triggers keep writing to it by name.
-        create = _TOKENIZE.sub(f"tokenize='{spec}'", row[0])
-        conn.execute("DROP TABLE memories_fts")
-        conn.execute(create)
-        conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('rebuild')")
+        stale = _stale_tables(conn.execute(query).fetchall(), spec)  # another process may have switched it meanwhile
+        for table, sql in stale:
+            # The table's own definition (columns, content table) with only the tokenizer replaced; the
+            # triggers and the episode indexer keep writing to it by name.
+            create = _TOKENIZE.sub(f"tokenize='{spec}'", sql)
+            if table == "memories_fts":  # external content: the text is read back from `memories`
+                conn.execute("DROP TABLE memories_fts")
+                conn.execute(create)
+                conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('rebuild')")
+            else:  # episodes_fts holds its own text
+                kept = conn.execute("SELECT rowid, text FROM episodes_fts").fetchall()
+                conn.execute("DROP TABLE episodes_fts")
+                conn.execute(create)
+                conn.executemany("INSERT INTO episodes_fts(rowid, text) VALUES (?, ?)", kept)
         conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (META_KEY, name))
-    return True
+    return bool(stale)
+
+
+def match_query(tokenizer: str, text: str) -> str | None:
+    """The FTS5 MATCH expression for ``text`` on an index built with ``tokenizer`` (trigram: its
+    substring pieces; terms under 3 characters are left out: see :func:`trigram_query`)."""
+    return trigram_query(text)[0] if tokenizer == "trigram" else fts_query(text)
 
 
 def _terms(text: str) -> list[str]:

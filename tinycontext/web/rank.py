@@ -52,3 +52,18 @@ def rank_passages(query: str, texts: Sequence[str], embedder, config: TinyContex
         vectors = np.asarray(embedder.embed_documents(list(texts)), dtype=np.float32)
         dense = dense_ranking(np.asarray(embedder.embed_query(query), dtype=np.float32), vectors)
     return [(c.id, c.rrf) for c in fuse(bm25, dense, dense_weight=weight, k=config.recall_rrf_k)]
+
+
+def boost_neighbours(order: Sequence[tuple[int, float]], sections: Sequence, weight: float) -> list[tuple[int, float]]:
+    """Re-rank fused ``(position, score)`` pairs: each passage gains ``weight`` times the better score of
+    the passages right before and after it in the same section (``sections[position]``), so evidence that
+    runs over two passages (a long paragraph, a reply and its answer) comes through together."""
+    if weight <= 0.0:
+        return list(order)
+    score = dict(order)
+    boosted = []
+    for position, own in order:
+        near = [score.get(n, 0.0) for n in (position - 1, position + 1)
+                if 0 <= n < len(sections) and sections[n] == sections[position]]
+        boosted.append((position, own + weight * max(near, default=0.0)))
+    return sorted(boosted, key=lambda pair: (-pair[1], pair[0]))

@@ -24,7 +24,7 @@ from .chunk import Chunk, chunk_markdown
 from .extract import ExtractedPage, Link, extract_page
 from .fetch import Fetcher, FetchResult, HttpFetcher
 from .present import scrape_page
-from .rank import rank_passages
+from .rank import boost_neighbours, rank_passages
 
 MAX_ITEMS = 5
 MAX_QUERY_CHARS = 1000
@@ -117,6 +117,7 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
     result.links = page.links
     if item.ranked:
         order = rank_passages(item.query, [c.text for c in result.chunks], embedder, config)
+        order = boost_neighbours(order, [c.heading_path for c in result.chunks], config.scrape_neighbour_weight)
         result.chunks = [result.chunks[i] for i, _ in order]
         if page.links:
             link_order = rank_passages(item.query, [f"{l.text} {l.url}" for l in page.links], embedder, config)

@@ -1,0 +1,1 @@
+"""TinyContext evaluation plugins for Hydra (see reusing_sweeper)."""
