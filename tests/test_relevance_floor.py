@@ -37,9 +37,10 @@ def test_floor_is_a_separate_step():
 def test_score_cliff_ends_the_answer_where_the_rest_is_clearly_weaker():
     ranked = [(12.0, 0.62), (None, None), (9.0, 0.35), (3.0, 0.20), (None, None), (2.0, 0.25)]
     assert cliff_cut(ranked, 0.0) == 6
-    # From position 3 on, every scored candidate is below half the best above it (12, 0.62); the
-    # context turns (no scores) neither end nor extend the answer.
+    # From position 3 on, every scored candidate is below half the best above it (12, 0.62); context
+    # turns (no scores) never end the answer, and one right after its last memory stays with it.
     assert cliff_cut(ranked, 0.5) == 3
+    assert cliff_cut([(12.0, 0.62), (3.0, 0.2), (None, None), (9.0, 0.5), (None, None), (1.0, 0.1)], 0.5) == 5
     assert cliff_cut(ranked, 0.8) == 6
     # One weak candidate does not end it while a strong one follows.
     assert cliff_cut([(12.0, 0.62), (3.0, 0.2), (11.0, 0.6)], 0.5) == 3

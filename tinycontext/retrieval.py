@@ -103,8 +103,8 @@ def cliff_cut(scores: Sequence[tuple[float | None, float | None]], cliff: float)
     ends where every candidate left is clearly weaker than the best ranked above it, i.e. each of its
     scores is below ``1 - cliff`` times the best of that kind above it (a score it lacks counts as
     below; a kind no candidate above had does not). What follows is rarely evidence, and the tokens
-    are the agent's. Candidates without any score (context a re-ranker added) neither end nor extend
-    the answer. 0: off."""
+    are the agent's. Candidates without any score (context a re-ranker added, e.g. the turn after a
+    matching question) never end it, and those right after its last memory stay with it. 0: off."""
     if cliff <= 0.0:
         return len(scores)
     keep = 1.0 - cliff
@@ -121,4 +121,8 @@ def cliff_cut(scores: Sequence[tuple[float | None, float | None]], cliff: float)
             best_bm25 = bm25
         if dense is not None and (best_dense is None or dense > best_dense):
             best_dense = dense
-    return len(scores) if end is None else end
+    if end is None:
+        return len(scores)
+    while end < len(scores) and scores[end] == (None, None):
+        end += 1
+    return end
