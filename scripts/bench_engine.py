@@ -154,29 +154,39 @@ def real_pool(convs: list[dict]) -> list[str]:
     return pool
 
 
-def fill_session(engine: MemoryEngine, session: str, n: int, texts: list[str], vectors: np.ndarray, rng: random.Random) -> None:
-    """Insert n memories into the engine's own tables, as save() does (same rows, same triggers that
-    feed FTS5, same vec0 table) but with vectors taken from a pool embedded once by the real model.
+def synthetic_memories(n: int, texts: list[str], vectors: np.ndarray, rng: random.Random) -> tuple[list[str], np.ndarray]:
+    """n memories, each two random real sentences joined (unique text, real vocabulary), with the
+    normalised sum of their real vectors."""
+    pairs = [(rng.randrange(len(texts)), rng.randrange(len(texts))) for _ in range(n)]
+    vecs = vectors[[a for a, _ in pairs]] + vectors[[b for _, b in pairs]]
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    return [f"{texts[a]} {texts[b]}" for a, b in pairs], vecs.astype(np.float32)
 
-    Each memory joins two random real sentences (unique text, real vocabulary); its vector is the
-    normalised sum of theirs. Recall cost does not depend on vector values (vec0 scans every vector
-    in the partition) and BM25 cost depends on term statistics, which stay those of real text.
+
+def insert_memories(engine: MemoryEngine, session: str, contents: list[str], vectors: np.ndarray) -> None:
+    """Insert memories into the engine's own tables, as save() does (same rows, same triggers that
+    feed FTS5, same vec0 table) but with the vectors given.
+
+    Recall cost does not depend on vector values (every vector of the session is scored) and BM25
+    cost depends on term statistics, which stay those of real text.
     """
-    tokens = engine.tokens
+    _ = engine.embedder  # binds the model to the database first: vectors written by hand must carry its identity
     with engine.store.write() as conn:
         conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, now_iso()))
-        for start in range(0, n, 5000):
-            pairs = [(rng.randrange(len(texts)), rng.randrange(len(texts))) for _ in range(min(5000, n - start))]
-            contents = [f"{texts[a]} {texts[b]}" for a, b in pairs]
-            vecs = vectors[[a for a, _ in pairs]] + vectors[[b for _, b in pairs]]
-            vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-            counts = tokens.count_many(contents)
+        for start in range(0, len(contents), 5000):
+            chunk = contents[start:start + 5000]
+            counts = engine.tokens.count_many(chunk)
             stamp = now_iso()
-            for content, vec, count in zip(contents, vecs.astype(np.float32), counts):
+            for content, vec, count in zip(chunk, vectors[start:start + 5000], counts):
                 mid = conn.execute(
                     "INSERT INTO memories(session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version)"
                     " VALUES (?, ?, '[]', '{}', ?, ?, ?, ?, 1)", (session, content, _content_hash(content), count, stamp, stamp)).lastrowid
                 conn.execute("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)", (mid, session, vec.tobytes()))
+
+
+def fill_session(engine: MemoryEngine, session: str, n: int, texts: list[str], vectors: np.ndarray, rng: random.Random) -> None:
+    """n synthetic memories (:func:`synthetic_memories`) inserted into ``session``."""
+    insert_memories(engine, session, *synthetic_memories(n, texts, vectors, rng))
 
 
 def percentiles(values: list[float]) -> dict:

@@ -1,6 +1,6 @@
 """The harness's speed targets, for a quiet machine: one command, JSON + a notes table.
 
-    python scripts/bench_harness.py [--out notes/bench_harness] [--sweep-limit-s 510]
+    python scripts/bench_harness.py [--out notes/bench_harness] [--sweep-limit-s 560]
 
 1. A 40-config SciFact sweep (``experiment=scifact_sweep``) from a cold cache (nothing embedded,
    nothing indexed, empty results store). If it has not finished after ``--sweep-limit-s`` it is
@@ -74,7 +74,7 @@ def latency(row) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "notes" / "bench_harness")
-    parser.add_argument("--sweep-limit-s", type=float, default=510.0, help="stop the cold sweep after this long")
+    parser.add_argument("--sweep-limit-s", type=float, default=560.0, help="stop the cold sweep after this long")
     parser.add_argument("--experiment", default="scifact_sweep", help="the sweep preset (tiny_sweep for a smoke test)")
     parser.add_argument("--dataset", default="scifact", help="the preset's dataset, for the run alone")
     args = parser.parse_args()
@@ -124,8 +124,16 @@ def main() -> None:
         if cold["index_build_seconds"] is not None:
             one_cold = cold["index_build_seconds"] + alone["seconds"]
             result["one_cold_run_seconds"] = round(one_cold, 1)
-            if complete:
-                result["sweep_over_one_run"] = round(cold["seconds"] / one_cold, 2)
+            # A stopped sweep still bounds the ratio from below: it took longer than it ran.
+            key = "sweep_over_one_run" if complete else "sweep_over_one_run_at_least"
+            result[key] = round(cold["seconds"] / one_cold, 2)
+            if not complete and len(done) and total:
+                # A projection, labelled as one: the unfinished jobs at the finished jobs' median pace
+                # (2 joblib workers), excluding the job that built the index.
+                pace = float(done[done["index_reused"]]["run_seconds"].median() if done["index_reused"].any()
+                             else done["run_seconds"].median()) / 2
+                result["projected_sweep_seconds"] = round(cold["seconds"] + (total - len(done)) * pace)
+                result["projected_sweep_over_one_run"] = round(result["projected_sweep_seconds"] / one_cold, 2)
     result["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     (args.out / "bench_harness.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
     (args.out / "bench_harness.md").write_text(table(result), encoding="utf-8")
@@ -143,11 +151,16 @@ def table(r: dict) -> str:
     if rep:
         lines.append(f"| repeated sweep, {rep['jobs']} jobs all finished ({rep['jobs_reused']} reused) | {rep['seconds']:.1f} s | "
                      f"< 10 s | {rep['load_before']} -> {rep['load_after']} |")
-    lines.append(f"| default config alone on the built index | {alone['seconds']:.0f} s | | {alone['load_before']} -> {alone['load_after']} |")
+    where = "on the built index" if cold["index_build_seconds"] is not None else "(the stopped sweep built no index: built here)"
+    lines.append(f"| default config alone {where} | {alone['seconds']:.0f} s | | {alone['load_before']} -> {alone['load_after']} |")
     if "one_cold_run_seconds" in r:
         ratio = r.get("sweep_over_one_run")
+        ratio = ratio if ratio is not None else f"> {r.get('sweep_over_one_run_at_least')} (sweep stopped)"
         lines.append(f"| one cold run = index build + run alone | {r['one_cold_run_seconds']:.0f} s | | |")
-        lines.append(f"| sweep / one cold run | {ratio if ratio is not None else 'n/a (sweep incomplete)'} | <= 1.5 | |")
+        lines.append(f"| sweep / one cold run | {ratio} | <= 1.5 | |")
+        if "projected_sweep_seconds" in r:
+            lines.append(f"| projection (not a measurement): the rest at the finished jobs' median pace | "
+                         f"{r['projected_sweep_seconds']} s, ratio {r['projected_sweep_over_one_run']} | <= 1.5 | |")
     if alone.get("latency"):
         a, i = alone["latency"], r.get("default_inside_sweep")
         lines += ["", "Default config (w 0.5, k 10), live recall latency p50 / p95 / p99 (ms):", "",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from evals.report import choose, split_matrix
 from evals.run import _commands
@@ -198,3 +199,30 @@ def test_candidates_is_the_ranking_depth(tmp_path):
     rows = pd.read_csv(out / "results.csv").set_index("candidates")
     # 3 candidates per list cannot find what 100 do: the axis changes quality, not only latency.
     assert rows.loc[3, "recall@100"] < rows.loc[100, "recall@100"]
+
+
+@pytest.mark.parametrize("overrides", [
+    ["retrieval.dense_weight=0.3", "retrieval.rrf_k=30", "experiment=scifact_sweep"],
+    ["dataset=tiny", "embedder=minilm-static256", "retrieval.dense_weight=1", "budget=tight", "+engine.recall.recall_min_score=0.2"],
+    ["+retrieval.kwargs={speaker_boost: 0.5}", "embedder=fast", "latency.queries=5", "retrieval.top_k=5"],
+])
+def test_reusing_sweeper_composes_jobs_as_hydra_does(overrides):
+    """The sweeper composes once per set of group choices and applies value overrides itself: the job
+    config (and what Hydra records of its overrides) must equal Hydra's own composition."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import HydraContext, RunMode
+    from hydra_plugins.tinycontext_eval.reusing_sweeper import _SkipFinished
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        master = loader.load_configuration("config", overrides=["hydra.sweep.dir=/tmp/x"], run_mode=RunMode.MULTIRUN)
+        fast = _SkipFinished(None, HydraContext(config_loader=loader, callbacks=None), master)
+        for _ in range(2):  # the second time from the composed cache
+            ours, hydras = fast._job_config(overrides), loader.load_sweep_config(master, list(overrides))
+            for cfg in (ours, hydras):
+                cfg.hydra.job.num = 3
+            seen = [(OmegaConf.to_container(OmegaConf.masked_copy(c, [k for k in c if k != "hydra"]), resolve=True),
+                     OmegaConf.to_container(c.hydra.overrides), c.hydra.sweep.dir, c.hydra.sweep.subdir,
+                     c.hydra.job.override_dirname) for c in (ours, hydras)]
+            assert seen[0] == seen[1]

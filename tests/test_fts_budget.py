@@ -41,3 +41,20 @@ def test_under_the_budget_recall_is_unchanged(tmp_path):
         with unbounded:
             assert bounded._bm25(query, "s", [], 100) == unbounded._bm25(query, "s", [], 100)
             assert bounded.recall(query, session_id="s")["memories"] == unbounded.recall(query, session_id="s")["memories"]
+
+
+def test_session_search_is_the_joined_search(tmp_path):
+    """BM25 for one session of several runs on its id range, without the join when the range holds
+    only its memories; it must return exactly what the plain join over all rows returns, also when
+    sessions were saved interleaved."""
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models")
+    with MemoryEngine(config, embedder=HashEmbedder()) as engine:
+        for chunk, session in enumerate(["a", "b", "a", "c", "c"]):
+            engine.save([f"note {chunk} {i} {'apple' if i % 3 else 'pear'} {session}{i}" for i in range(8)], session_id=session)
+        engine.save(["apple pear only"], session_id="d")  # a session saved in one call: its range is its own
+        for session in ("a", "b", "c", "d"):
+            for query in ("apple", "pear note", "apple 3"):
+                plain = engine._bm25_hits(bounded_match(engine.store, query, 0), [], session, None, [], None, 100)
+                assert engine._bm25(query, session, [], 100) == plain
+                assert plain and all(engine.get(i)["session_id"] == session for i, _ in plain)
+        assert engine._mixed_sessions == {"a"}  # b lies inside a's range, c and d do not mix

@@ -107,6 +107,9 @@ class TinyContextConfig(BaseModel):
     vector_cache_max: int = Field(200_000, ge=0)
     # Bigger sessions are held quantised (sign bits + int8 codes, ~440 bytes a vector) up to this many vectors.
     vector_quantized_max: int = Field(2_000_000, ge=0)
+    # Read-only connections recall and other reads use at once (WAL: they do not wait for each other or
+    # for a write); 0: reads share the write connection.
+    read_connections: int = Field(4, ge=0, le=64)
     # SSRF guard: let web fetches reach loopback/private/link-local hosts (local test servers, intranets).
     allow_private_hosts: bool = False
     # Web tools (search, scrape_urls, current_datetime) in the MCP server, REST API and CLI.

@@ -162,7 +162,7 @@ class MemoryEngine:
         self._bind_lock = threading.Lock()
         self.keyword_reason: str | None = None
         self.tokens = TokenCounter(self.config.encoding_name)
-        self.store = Store(self.config.memory_db_path)
+        self.store = Store(self.config.memory_db_path, readers=self.config.read_connections)
         try:
             language.set_tokenizer(self.store, self.config.fts_tokenizer)
             # A new database gets a vector table at once, so counts and deletes never need the model.
@@ -172,6 +172,7 @@ class MemoryEngine:
             raise
         self.index = VectorIndex(self.store, self.config.vector_cache_max, self.config.vector_quantized_max)
         self.progress = progress
+        self._mixed_sessions: set[str] = set()  # sessions whose id range holds other sessions' memories (_bm25)
 
     @property
     def embedder(self) -> EmbedderProtocol | None:
@@ -583,21 +584,44 @@ class MemoryEngine:
         return sql, params
 
     def _bm25(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None) -> list[tuple[int, float]]:
+        span = None
+        if session is not None and self.store.read("SELECT min(id) = max(id) AND min(id) = ? FROM sessions", (session,))[0][0]:
+            session = None  # the only session: filtering by it changes nothing, and the join costs ~25%
+        elif session is not None:
+            # FTS5 scores every match before a join could drop other sessions' rows; limited to the
+            # session's id range it skips the rows outside it.
+            span = self.store.session_span(session)
+            if span is None:
+                return []
         # The trigram index takes substrings, and terms under 3 characters only through LIKE (language.py).
         if self.config.fts_tokenizer == "trigram":
             match, short = language.trigram_query(query)
         else:
-            match, short = bounded_match(self.store, query, self.config.recall_fts_budget), []
+            match, short = bounded_match(self.store, query, self.config.recall_fts_budget, span), []
         if match is None and not short:
             return []
-        if session is not None and self.store.read("SELECT min(id) = max(id) AND min(id) = ? FROM sessions", (session,))[0][0]:
-            session = None  # the only session: filtering by it changes nothing, and the join costs ~25%
+        if session is not None and session not in self._mixed_sessions:
+            # A session's id range usually holds only its own memories, and then the join is not needed.
+            # Exact either way: a hit from another session sends the search through the join, and the
+            # session is remembered as mixed (ids only grow, so it stays so).
+            hits = self._bm25_hits(match, short, None, span, tags, filters, depth)
+            if not hits or not self.store.read("SELECT 1 FROM memories WHERE id IN (SELECT value FROM json_each(?)) AND session_id != ? LIMIT 1",
+                                               (json.dumps([h[0] for h in hits]), session)):
+                return hits
+            self._mixed_sessions.add(session)
+        return self._bm25_hits(match, short, session, span, tags, filters, depth)
+
+    def _bm25_hits(self, match: str | None, short: list[str], session: str | None, span: tuple[int, int] | None,
+                   tags: Sequence[str], filters: Filters | None, depth: int) -> list[tuple[int, float]]:
         if session is None:
             # Every FTS row is a memory (triggers), so no join is needed to read ids.
             base, params, id_column = "FROM memories_fts WHERE {where}", [], "rowid"
         else:
-            base, params, id_column = ("FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid WHERE {where} "
+            # CROSS JOIN keeps FTS5 the outer loop: driven by the session index, SQLite would run the MATCH once per row.
+            base, params, id_column = ("FROM memories_fts CROSS JOIN memories m ON m.id = memories_fts.rowid WHERE {where} "
                                        "AND m.session_id = ?"), [session], "m.id"
+        if span is not None:
+            base, params = base + " AND memories_fts.rowid BETWEEN ? AND ?", [*params, *span]
         # The filter is part of the FTS query, so the LIMIT keeps the best matches that pass it. The unary
         # "+" keeps SQLite from driving FTS5 by the filter's id list: it would run the MATCH once per id
         # (minutes for a filter passing half of 50k memories) instead of once, checking each hit's id.

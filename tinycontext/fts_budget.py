@@ -15,17 +15,17 @@ from .retrieval import match_expression, query_terms
 from .store import Store
 
 
-def bounded_match(store: Store, query: str, budget: int) -> str | None:
+def bounded_match(store: Store, query: str, budget: int, span: tuple[int, int] | None = None) -> str | None:
     """The FTS5 MATCH expression for ``query``, its commonest words dropped to fit ``budget`` rows
-    (0: no bound)."""
+    (0: no bound). ``span``: the (lowest, highest) memory id the search is limited to."""
     terms = query_terms(query)
     if budget <= 0 or len(terms) < 2:
         return match_expression(terms)
-    count = "SELECT count(*) FROM (SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? LIMIT ?)"
-    with store.lock:
-        if (store.conn.execute("SELECT max(id) FROM memories").fetchone()[0] or 0) <= budget:
-            return match_expression(terms)  # fewer rows than the budget in all (ids only grow)
-        cost = [store.conn.execute(count, (match_expression([t]), budget + 1)).fetchone()[0] for t in terms]
+    count = "SELECT count(*) FROM (SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? AND rowid BETWEEN ? AND ? LIMIT ?)"
+    low, high = span or (1, store.read("SELECT max(id) FROM memories")[0][0] or 0)
+    if high - low + 1 <= budget:
+        return match_expression(terms)  # fewer rows than the budget in all (ids only grow)
+    cost = [store.read(count, (match_expression([t]), low, high, budget + 1))[0][0] for t in terms]
     kept = list(range(len(terms)))
     for i in sorted(kept, key=lambda i: (-cost[i], i)):
         if len(kept) == 1 or sum(cost[j] for j in kept) <= budget:
