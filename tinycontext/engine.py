@@ -15,7 +15,6 @@ import unicodedata
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date, datetime
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
