@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import bench_locomo
@@ -122,6 +123,48 @@ def run(args) -> dict:
     return out
 
 
+def latency(args) -> dict:
+    """Recall p50/p95 of 0.5.1 over the memories in ``--latency`` (a JSON file written by bench_release.py:
+    sessions of texts with their vectors, the same rows our engine is timed on, and fresh queries).
+    Rows go in through 0.5.1's own insert_memories with the vectors given (embedding them with 0.5.1
+    would take an hour); queries go through recall_memories, which embeds each one."""
+    import numpy as np
+    from tinycontext import MemoryInput, recall_memories, save_memories
+    from tinycontext.models import MemoryRow
+    from tinycontext.services.memory_store_service import insert_memories
+
+    spec = json.loads(Path(args.latency).read_text())
+    vectors = np.load(spec["vectors"])
+    models_dir = Path(args.models_dir)
+    build_pooled_bundle(models_dir)
+    work = Path(tempfile.mkdtemp(prefix="tc051-lat-"))
+    db = work / "latency.db"
+    config = {"memory_db_path": str(db), "embedding_model": "fast", "models_dir": str(models_dir)}
+    save_memories([MemoryInput(content="warm-up")], session_id="warmup", config=config)
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        model_key = conn.execute("SELECT embedding_model FROM memories LIMIT 1").fetchone()[0]
+    stamp = "2026-01-01T00:00:00+00:00"
+    row = 0
+    for session, texts in spec["sessions"].items():
+        for start in range(0, len(texts), 5000):
+            chunk = texts[start:start + 5000]
+            insert_memories(db, [MemoryRow(id=str(uuid.uuid4()), session_id=session, content=t, created_at=stamp,
+                                           embedding=vectors[row + i].tolist(), embedding_model=model_key, embedding_dimensions=vectors.shape[1])
+                                 for i, t in enumerate(chunk)])
+            row += len(chunk)
+    recall_memories("warm up", session_id=spec["session"], top_k=10, config=config)
+    ms = []
+    for q in spec["queries"]:
+        started = time.perf_counter()
+        recall_memories(q, session_id=spec["session"], top_k=10, config=config)
+        ms.append((time.perf_counter() - started) * 1000)
+    shutil.rmtree(work, ignore_errors=True)
+    return {"memories": row, "session": spec["session"], "queries": len(ms),
+            "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -129,8 +172,9 @@ def main() -> None:
     parser.add_argument("--format", choices=bench_locomo.FORMATS, default="plain")
     parser.add_argument("--top-k", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="first conversation only")
+    parser.add_argument("--latency", help="time recall over the memories this JSON file lists instead (bench_release.py)")
     args = parser.parse_args()
-    Path(args.out).write_text(json.dumps(run(args)), encoding="utf-8")
+    Path(args.out).write_text(json.dumps(latency(args) if args.latency else run(args)), encoding="utf-8")
     print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -2,14 +2,15 @@
 
 Two rules (tinycontext/retrieval.py): the floor (``recall_min_dense``) drops candidates with no
 lexical match and a weak dense similarity; the score cliff (``recall_score_cliff``) ends the answer
-at the first memory clearly weaker than the best one before it. Every question is recalled once per
-floor (top_k=10, no token limit, cliff off); each cliff setting is then applied to those answers with
-the engine's own function, ``cliff_cut``, which only cuts a ranked list, so this is what recalling
-with that setting returns. The table gives R@10, nDCG@10 and the mean tokens returned per setting.
+where every memory left is clearly weaker than the best ranked above it. Every question is recalled once per
+floor with the cliff off and every ranked candidate returned (top_k = recall_candidates); each cliff
+setting is then applied to that ranked list with the engine's own function, ``cliff_cut``, and the
+first 10 memories left are the answer, which is what recalling with top_k=10 and that setting returns.
+The table gives R@10, nDCG@10 and the mean tokens of those answers (no token limit).
 A rule is worth having when it cuts tokens and loses at most ~1 point of R@10.
 
     python scripts/tune_floor.py --work /tmp/floor --out notes/relevance_floor.md
-    python scripts/tune_floor.py --quick --floors 0,0.3 --cliffs 0,0.5     # a smoke run
+    python scripts/tune_floor.py --quick --floors 0,0.3 --cliffs 0,0.25    # a smoke run
     python scripts/tune_floor.py --work /tmp/floor --reuse --cliffs ...     # new cliffs, same answers
 
 LoCoMo: each conversation is ingested as turns (speaker, date, captions), one save per chat session,
@@ -34,24 +35,25 @@ import bench_locomo
 from tinycontext.retrieval import cliff_cut
 
 FLOORS = (0.0, 0.3)
-CLIFFS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7)
+CLIFFS = (0.0, 0.15, 0.2, 0.25, 0.3, 0.35)
 MEASURES = [R @ 10, nDCG @ 10]
 
 
 def answers(engines: dict, questions: list[tuple[str, str, str]], to_doc, floor: float, label: str) -> list[dict]:
-    """questions: (qid, text, session), each recalled from ``engines[session]``; per question the hits
-    as [doc, tokens, bm25, dense], best first."""
+    """questions: (qid, text, session), each recalled from ``engines[session]``; per question every
+    ranked candidate as [doc, tokens, bm25, dense], best first."""
     out = []
     for qid, text, session in tqdm(questions, desc=f"{label} floor {floor}", leave=False):
-        result = engines[session].recall(text, session_id=session, top_k=10, max_tokens=bench_engine.UNLIMITED,
+        engine = engines[session]
+        result = engine.recall(text, session_id=session, top_k=engine.config.recall_candidates, max_tokens=bench_engine.UNLIMITED,
                                          min_dense=floor, score_cliff=0.0)
         out.append({"qid": qid, "hits": [[to_doc(m["id"]), m["tokens"], m["scores"]["bm25"], m["scores"]["dense"]]
                                          for m in result["memories"]]})
     return out
 
 
-def cut(hits: list, cliff: float) -> list:
-    return hits[: cliff_cut([(h[2], h[3]) for h in hits], cliff)]
+def cut(hits: list, cliff: float, top_k: int = 10) -> list:
+    return hits[: cliff_cut([(h[2], h[3]) for h in hits], cliff)][:top_k]
 
 
 def rows_for(label: str, qrels: list, by_floor: dict[str, list[dict]], cliffs) -> list[dict]:

@@ -198,6 +198,7 @@ async def evaluate(site: Site, base_url: str, budgets: list[int], config: TinyCo
     embedder = embedder or embedder_for(config)
     fetcher = HttpFetcher(config)
     rows: list[dict] = []
+    whole_pages: dict[str, str] = {}
     try:
         for q in tqdm(site.questions, desc=f"web evidence {site.name}", unit="q"):
             item = ScrapeItem(base_url + q.url_path, q.query)
@@ -206,7 +207,9 @@ async def evaluate(site: Site, base_url: str, budgets: list[int], config: TinyCo
             rank_ms = (time.perf_counter() - started) * 1000
             if page.outcome != "ok":
                 raise RuntimeError(f"{item.url}: {page.outcome} {page.fetch.detail}")
-            markdown = extract_page(page.fetch).markdown
+            if q.url_path not in whole_pages:  # the baselines' page (scrape extracts it again per question)
+                whole_pages[q.url_path] = extract_page(page.fetch).markdown
+            markdown = whole_pages[q.url_path]
             base = {"dataset": site.name, "qid": q.qid, "evidence_units": len(q.evidence), "fetch_rank_ms": rank_ms}
             for method, text in (("whole page", markdown), ("first 5,000 chars", markdown[:FETCH_BASELINE_CHARS])):
                 rows.append({**base, "method": method, "budget": None, "tokens": counter.count(text),

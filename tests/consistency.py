@@ -16,7 +16,7 @@ def assert_consistent(engine) -> dict[int, str]:
     earlier text fails. FTS5's integrity-check with rank=1 compares the index with the table."""
     read = engine.store.read
     assert read("PRAGMA integrity_check")[0][0] == "ok"
-    read("INSERT INTO memories_fts(memories_fts, rank) VALUES ('integrity-check', 1)")
+    engine.store.conn.execute("INSERT INTO memories_fts(memories_fts, rank) VALUES ('integrity-check', 1)")  # a command: not on a read-only connection
     rows = read(f"SELECT id, session_id, tags, {EMBEDDING_COLUMNS} FROM memories ORDER BY id")
     texts = [stored_embedding_text(*r[3:]) for r in rows]
     contents = {r[0]: r[3] for r in rows}

@@ -54,7 +54,7 @@ def test_processes_write_one_file_at_once(tmp_path):
         # Each worker's memories are all findable through its tag, on both retrieval sides.
         for w in range(PROCESSES):
             for weight in (0.0, 1.0):
-                found = eng.recall("memory about topic0 topic1 topic2 topic3 topic4 worker", tags=[f"w{w}"], top_k=100, max_tokens=100_000, dense_weight=weight)
+                found = eng.recall("memory about topic0 topic1 topic2 topic3 topic4 worker", tags=[f"w{w}"], top_k=100, max_tokens=100_000, dense_weight=weight, score_cliff=0.0)
                 assert len(found["memories"]) == SAVES
 
 

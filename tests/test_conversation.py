@@ -105,7 +105,7 @@ def test_explicit_episode_spans_calls(hash_engine):
 def test_date_words_speaker_and_captions_are_searchable(hash_engine):
     hash_engine.save(CHAT_1, session_id="chat")
     hash_engine.save(CHAT_2, session_id="chat")
-    plain_ranking = {"dense_weight": 0.0, "episode_weight": 0.0, "neighbour_weight": 0.0}  # BM25 alone
+    plain_ranking = {"dense_weight": 0.0, "episode_weight": 0.0, "neighbour_weight": 0.0, "score_cliff": 0.0}  # BM25 alone, every match
     by_date = hash_engine.recall("June 2023", **plain_ranking)["memories"]
     assert [m["occurred_at"] for m in by_date[:2]] == ["2023-06-20"] * 2 and len(by_date) == 5
     by_caption = hash_engine.recall("photo grass", **plain_ranking)["memories"]
@@ -192,9 +192,9 @@ def test_episode_lifts_the_answer_turn_real_model(engine):
     engine.save([{"content": "My cousin has a parrot that talks.", "speaker": "Ben", "occurred_at": "2023-07-01"},
                  {"content": "Parrots can live for decades.", "speaker": "Ana", "occurred_at": "2023-07-01"}], session_id="chat")
     question = "What breed is Ana's puppy Biscuit?"
-    top = [m["content"] for m in engine.recall(question, session_id="chat", top_k=3)["memories"]]
+    top = [m["content"] for m in engine.recall(question, session_id="chat", top_k=3, score_cliff=0.0)["memories"]]
     assert "A beagle, she loves the park." in top
-    without = [m["content"] for m in engine.recall(question, session_id="chat", top_k=3, episode_weight=0.0,
+    without = [m["content"] for m in engine.recall(question, session_id="chat", top_k=3, score_cliff=0.0, episode_weight=0.0,
                                                     neighbour_weight=0.0, speaker_boost=0.0)["memories"]]
     assert top.index("A beagle, she loves the park.") <= (without.index("A beagle, she loves the park.") if "A beagle, she loves the park." in without else 3)
 

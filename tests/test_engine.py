@@ -202,9 +202,9 @@ def test_tag_filter_any_of_on_both_sides(hash_engine):
         {"content": "apple pie without tags"},
     ])["ids"]
     for weight in (0.0, 0.5, 1.0):
-        assert set(ids_of(hash_engine.recall("red apple recipe", tags=["food"], dense_weight=weight))) == {ids[0], ids[2]}
-        assert set(ids_of(hash_engine.recall("red apple recipe car", tags=["cars", "nope"], dense_weight=weight))) == {ids[1]}
-        assert set(ids_of(hash_engine.recall("apple red", tags=["food", "cars"], dense_weight=weight))) == set(ids[:3])
+        assert set(ids_of(hash_engine.recall("red apple recipe", tags=["food"], dense_weight=weight, score_cliff=0.0))) == {ids[0], ids[2]}
+        assert set(ids_of(hash_engine.recall("red apple recipe car", tags=["cars", "nope"], dense_weight=weight, score_cliff=0.0))) == {ids[1]}
+        assert set(ids_of(hash_engine.recall("apple red", tags=["food", "cars"], dense_weight=weight, score_cliff=0.0))) == set(ids[:3])
         assert ids_of(hash_engine.recall("apple", tags=["unknown"], dense_weight=weight)) == []
 
 
@@ -249,9 +249,9 @@ def test_near_duplicates_skipped_in_skip_mode(config):
 def test_long_memory_does_not_hide_shorter_ones(hash_engine):
     long_text = "orchard apple harvest " + " ".join(f"filler{i}" for i in range(400))
     long_id, *short = hash_engine.save([long_text] + [f"orchard apple note {i}" for i in range(3)])["ids"]
-    full = hash_engine.recall("orchard apple harvest", max_tokens=100_000, dense_weight=0.0)
+    full = hash_engine.recall("orchard apple harvest", max_tokens=100_000, dense_weight=0.0, score_cliff=0.0)
     assert ids_of(full)[0] == long_id  # only it has "harvest": ranked first
-    out = hash_engine.recall("orchard apple harvest", max_tokens=60, dense_weight=0.0)
+    out = hash_engine.recall("orchard apple harvest", max_tokens=60, dense_weight=0.0, score_cliff=0.0)
     assert ids_of(out) == ids_of(full)[1:]
     assert out["truncated"] is True
     assert out["omitted"] == [{"id": long_id, "rank": 1, "tokens": hash_engine.get(long_id)["tokens"]}]
@@ -355,18 +355,18 @@ def test_weights_zero_and_one_reproduce_single_lists(hash_engine):
     sims = hash_engine.embedder.embed_documents([r[1] for r in rows]) @ hash_engine.embedder.embed_query(query)
     dense_order = [rows[i][0] for i in sorted(range(len(rows)), key=lambda i: (-round(float(sims[i]), 5), rows[i][0]))]
 
-    lexical = hash_engine.recall(query, dense_weight=0.0, top_k=50)
+    lexical = hash_engine.recall(query, dense_weight=0.0, top_k=50, score_cliff=0.0)
     assert ids_of(lexical) == bm25_order
     assert all(m["scores"]["dense"] is None and m["scores"]["bm25"] > 0 for m in lexical["memories"])
     k = hash_engine.config.recall_rrf_k
     assert [m["scores"]["rrf"] for m in lexical["memories"]] == pytest.approx([1 / (k + r) for r in range(1, len(bm25_order) + 1)])
 
-    semantic = hash_engine.recall(query, dense_weight=1.0, top_k=50, min_dense=0.0)  # every neighbour, however weak
+    semantic = hash_engine.recall(query, dense_weight=1.0, top_k=50, min_dense=0.0, score_cliff=0.0)  # every neighbour, however weak
     assert ids_of(semantic) == dense_order
     assert [m["scores"]["dense"] for m in semantic["memories"]] == pytest.approx(sorted(sims, reverse=True), abs=1e-5)
     assert all(m["scores"]["bm25"] is None for m in semantic["memories"])
 
-    fused = hash_engine.recall(query, dense_weight=0.5, top_k=50)
+    fused = hash_engine.recall(query, dense_weight=0.5, top_k=50, score_cliff=0.0)
     for m in fused["memories"]:
         s = m["scores"]
         expected = sum(0.5 / (k + order.index(m["id"]) + 1) for order in (bm25_order, dense_order) if m["id"] in order)
@@ -410,7 +410,7 @@ def test_real_model_update_moves_meaning(engine):
     mid, other = engine.save(["My car is a red hatchback.", "Weekly groceries: bread, milk, eggs."], session_id="u")["ids"]
 
     def dense_score(query: str) -> float:
-        return {m["id"]: m["scores"]["dense"] for m in engine.recall(query, session_id="u", dense_weight=1.0, min_dense=0.0)["memories"]}[mid]
+        return {m["id"]: m["scores"]["dense"] for m in engine.recall(query, session_id="u", dense_weight=1.0, min_dense=0.0, score_cliff=0.0)["memories"]}[mid]
 
     assert ids_of(engine.recall("automobile", session_id="u", dense_weight=1.0))[0] == mid
     before = dense_score("automobile")

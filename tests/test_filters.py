@@ -21,7 +21,8 @@ def ids_of(result):
 @pytest.fixture(params=[200_000, 0], ids=["ram-index", "sqlite-vec"])
 def fengine(request, config):
     """The engine with the in-RAM vector index, and with sqlite-vec's KNN (vector_cache_max=0)."""
-    with MemoryEngine(config.model_copy(update={"vector_cache_max": request.param}), embedder=HashEmbedder()) as eng:
+    # score cliff off: a filter is checked by the set of memories it lets through, every one of them.
+    with MemoryEngine(config.model_copy(update={"vector_cache_max": request.param, "recall_score_cliff": 0.0}), embedder=HashEmbedder()) as eng:
         yield eng
 
 
@@ -153,7 +154,7 @@ def test_selective_filter_on_50k_finds_matches_beyond_the_unfiltered_candidates(
         else:  # common: "coffee" twice in few words, so they outrank every rare one
             rows.append(("coffee coffee " + " ".join(rng.choices(words, k=3)), ["common"], '{"kind": "common"}'))
     config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", recall_candidates=100,
-                               vector_cache_max=cache)
+                               vector_cache_max=cache, recall_score_cliff=0.0)  # every match: the sets are under test
     with MemoryEngine(config, embedder=HashEmbedder()) as engine:
         ids = _bulk_store(engine, rows)
         rare = {i for i, r in zip(ids, rows) if r[1] == ["rare"]}

@@ -24,7 +24,7 @@ def test_default_floor_drops_noise_and_keeps_evidence(engine):
     found = engine.recall("what is the name of our cat?", session_id="me")["memories"]
     assert found and found[0]["content"] == "The cat is called Miso."
     # Off: the dense side always has neighbours, so every memory comes back.
-    assert len(engine.recall(UNRELATED[0], session_id="me", min_dense=0.0)["memories"]) == len(FACTS)
+    assert len(engine.recall(UNRELATED[0], session_id="me", min_dense=0.0, score_cliff=0.0)["memories"]) == len(FACTS)
 
 
 def test_floor_is_a_separate_step():
@@ -34,18 +34,23 @@ def test_floor_is_a_separate_step():
     assert relevance_floor(ranked, 0.0) == (ranked, 0)
 
 
-def test_score_cliff_ends_the_answer_at_a_clear_drop():
-    ranked = [(12.0, 0.62), (None, None), (9.0, 0.35), (3.0, 0.20), (11.0, 0.60)]
-    assert cliff_cut(ranked, 0.0) == 5
-    # Position 3 has both scores below half the best so far (12, 0.62); the context turn at 1 never ends it.
+def test_score_cliff_ends_the_answer_where_the_rest_is_clearly_weaker():
+    ranked = [(12.0, 0.62), (None, None), (9.0, 0.35), (3.0, 0.20), (None, None), (2.0, 0.25)]
+    assert cliff_cut(ranked, 0.0) == 6
+    # From position 3 on, every scored candidate is below half the best above it (12, 0.62); context
+    # turns (no scores) never end the answer, and one right after its last memory stays with it.
     assert cliff_cut(ranked, 0.5) == 3
-    assert cliff_cut(ranked, 0.8) == 5
-    # A kind of evidence nothing before had is not "weaker"; a lacking score is.
+    assert cliff_cut([(12.0, 0.62), (3.0, 0.2), (None, None), (9.0, 0.5), (None, None), (1.0, 0.1)], 0.5) == 5
+    assert cliff_cut(ranked, 0.8) == 6
+    # One weak candidate does not end it while a strong one follows.
+    assert cliff_cut([(12.0, 0.62), (3.0, 0.2), (11.0, 0.6)], 0.5) == 3
+    # A kind of evidence nothing above had is not "weaker"; a lacking score is.
     assert cliff_cut([(None, 0.6), (4.0, 0.1)], 0.5) == 2
     assert cliff_cut([(8.0, 0.6), (None, 0.2)], 0.5) == 1
 
 
 def test_score_cliff_in_recall_is_reported_and_pages_agree(engine):
+    assert TinyContextConfig().recall_score_cliff > 0
     engine.save(FACTS + ["Miso the cat sleeps on the red sofa.", "The cat Miso eats salmon on Sundays."], session_id="me")
     query = "what does the cat Miso eat?"
     full = engine.recall(query, session_id="me", score_cliff=0.0, min_dense=0.0)

@@ -103,14 +103,15 @@ def test_deep_paging_never_repeats_or_skips(hash_engine):
     words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
     memories = [f"note {i} {words[i % 10]} {words[(i * 7) % 10]} {words[(i * 3) % 10]} item{i}" for i in range(450)]
     hash_engine.save(memories, session_id="deep")
-    for weight in (0.0, 0.5, 1.0):
+    # With the score cliff too: it cuts the whole order, so pages still agree.
+    for weight, cliff in ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (0.5, 0.25)):
         everything = [m["id"] for m in hash_engine.recall("alpha delta golf note", session_id="deep", top_k=1000,
-                                                          max_tokens=1_000_000, dense_weight=weight)["memories"]]
-        assert len(everything) == len(set(everything)) > 300
+                                                          max_tokens=1_000_000, dense_weight=weight, score_cliff=cliff)["memories"]]
+        assert len(everything) == len(set(everything)) > (300 if cliff == 0.0 else 0)
         paged, offset = [], 0
         while offset is not None:
             page = hash_engine.recall("alpha delta golf note", session_id="deep", top_k=23, offset=offset,
-                                      max_tokens=1_000_000, dense_weight=weight)
+                                      max_tokens=1_000_000, dense_weight=weight, score_cliff=cliff)
             assert [m["rank"] for m in page["memories"]] == list(range(offset + 1, offset + 1 + len(page["memories"])))
             paged += [m["id"] for m in page["memories"]]
             offset = page["next_offset"]

@@ -57,25 +57,25 @@ def test_full_database_writes_nothing(hash_engine):
     hash_engine.save(["A small memory that fits."], session_id="s")
     before = _counts(hash_engine)
     pages = hash_engine.store.read("PRAGMA page_count")[0][0]
-    hash_engine.store.read(f"PRAGMA max_page_count = {pages}")
+    hash_engine.store.conn.execute(f"PRAGMA max_page_count = {pages}")
     with pytest.raises(StorageError, match="full") as caught:
         hash_engine.save([{"content": f"big memory {i} " + "x" * 40_000, "tags": ["t"]} for i in range(5)], session_id="s")
     assert "free disk space" in caught.value.message and "Nothing from this call was saved" in caught.value.message
     assert _counts(hash_engine) == before
-    hash_engine.store.read(f"PRAGMA max_page_count = {10 * pages + 1_000_000}")
+    hash_engine.store.conn.execute(f"PRAGMA max_page_count = {10 * pages + 1_000_000}")
     assert hash_engine.save(["Room again."], session_id="s")["ids"]
     assert_consistent(hash_engine)
 
 
 def test_read_only_database_is_storage_error(hash_engine, config):
     mid = hash_engine.save(["Written before the database became read-only."])["ids"][0]
-    hash_engine.store.read("PRAGMA query_only = ON")  # SQLITE_READONLY, as root gets from a read-only mount
+    hash_engine.store.conn.execute("PRAGMA query_only = ON")  # SQLITE_READONLY, as root gets from a read-only mount
     before = _counts(hash_engine)
     for attempt in (lambda: hash_engine.save(["new"]), lambda: hash_engine.update(mid, "changed"), lambda: hash_engine.delete(mid)):
         with pytest.raises(StorageError, match="read-only"):
             attempt()
     assert _counts(hash_engine) == before and hash_engine.get(mid)["content"].startswith("Written before")
-    hash_engine.store.read("PRAGMA query_only = OFF")
+    hash_engine.store.conn.execute("PRAGMA query_only = OFF")
     # A read-only URI connection (root ignores file modes, a mode=ro open does not).
     ro = hash_engine.store.driver.connect(f"file:{config.memory_db_path}?mode=ro", uri=True)
     try:
@@ -106,7 +106,7 @@ def test_lock_held_past_the_timeout_is_storage_error(hash_engine, config):
 
 def test_storage_error_over_rest_is_503(hash_engine):
     hash_engine.save(["Fine so far."])
-    hash_engine.store.read("PRAGMA query_only = ON")
+    hash_engine.store.conn.execute("PRAGMA query_only = ON")
     with background(create_app(engine=hash_engine, settings=ServeSettings())) as base:
         response = httpx.post(base + "/save_memories", json={"memories": [{"content": "refused"}]})
     assert (response.status_code, response.json()["code"]) == (503, "storage_error")

@@ -4,6 +4,7 @@ and the embedder identity recorded in the database (mismatch, reindex)."""
 from __future__ import annotations
 
 import json
+import threading
 import sqlite3
 
 import numpy as np
@@ -243,3 +244,31 @@ def test_forced_sqlean_driver(config, monkeypatch):
     with MemoryEngine(config, embedder=HashEmbedder()) as eng:
         assert eng.store.driver.__name__.startswith("sqlean") and "forced" in eng.store.driver_reason
         assert eng.save(["through sqlean"])["ids"]
+
+
+def test_reads_do_not_wait_for_a_write(config):
+    """Pooled read connections (WAL): BM25 recall runs while another thread holds a write transaction
+    and sees the last committed state; reads inside the transaction see its own changes. (Dense search
+    reads the in-RAM copy, which follows the write: it waits for the commit.)"""
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        first = eng.save(["the boiler is serviced in May"], session_id="s")["ids"][0]
+        holding, done = threading.Event(), threading.Event()
+        found: list = []
+
+        def reader():
+            holding.wait(10)
+            found.append([m["id"] for m in eng.recall("boiler serviced", session_id="s", dense_weight=0.0)["memories"]])
+            done.set()
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        with eng.store.write() as conn:
+            conn.execute("UPDATE memories SET tokens = 99 WHERE id = ?", (first,))
+            assert eng.store.read("SELECT tokens FROM memories WHERE id = ?", (first,)) == [(99,)]  # own change, same connection
+            holding.set()
+            assert done.wait(20), "a read waited for the write transaction"
+            assert found == [[first]]
+        thread.join()
+        assert eng.store.read("SELECT tokens FROM memories WHERE id = ?", (first,)) == [(99,)]
+    with MemoryEngine(config.model_copy(update={"read_connections": 0}), embedder=HashEmbedder()) as eng:
+        assert eng.store.read("SELECT count(*) FROM memories") == [(1,)] and not eng.store._readers

@@ -296,3 +296,11 @@ def test_a_passage_next_to_a_good_one_in_its_section_moves_up():
     boosted = boost_neighbours(order, sections, 0.5)
     assert [p for p, _ in boosted] == [2, 0, 1, 3]
     assert dict(boosted)[1] == pytest.approx(0.1 + 0.5 * 0.5) and dict(boosted)[3] == 0.2
+
+
+def test_links_that_share_no_word_with_the_query_are_left_out(loopback_only, web_config):
+    with LocalServer({"/rivers": html(ARTICLE)}) as server:
+        answer = scrape(web_config, [{"url": server.url("/rivers"), "query": "Volga basin population"}], 1000)
+        whole = scrape(web_config, [server.url("/rivers")], 1000)
+    assert "links" not in answer["results"][0]  # navigation, footer and unrelated articles cost nothing
+    assert len(whole["results"][0]["links"]) > 3  # without a query the page's links come in page order

@@ -98,7 +98,7 @@ def test_rest_endpoints(loopback_only, tmp_path, site):
     assert response.status_code == 200, response.text
     assert COUNTER.count(response.text) <= 300
     body = response.json()
-    assert "text" not in body and "Rhine" in body["results"][0]["passages"][0]["text"]
+    assert "text" not in body and any("Rhine" in p["text"] for p in body["results"][0]["passages"])
     found = client.post("/search", json={"items": [{"query": "danube"}], "max_tokens": 300})
     assert found.status_code == 200 and COUNTER.count(found.text) <= 300
     assert found.json()["searches"][0]["outcome"] == "ok"

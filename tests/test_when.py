@@ -73,7 +73,7 @@ def test_recall_time_boost(tmp_path):
         plain = engine.save(["we decided the deploy day"], session_id="notes")["ids"][0]  # saved now: no occurred_at
 
         def order(query, **kwargs):
-            return [m["id"] for m in engine.recall(query, session_id="default", **kwargs)["memories"]]
+            return [m["id"] for m in engine.recall(query, session_id="default", score_cliff=0.0, **kwargs)["memories"]]
 
         assert order("what did we decide yesterday") == [old, recent]  # off by default: BM25 has no word for it
         assert order("what did we decide yesterday", time_boost=1.0) == [recent, old]

@@ -57,7 +57,9 @@ class TokenCounter:
         return len(self.encoding.encode_ordinary(text))
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
-        return [len(ids) for ids in self.encoding.encode_ordinary_batch(list(texts))] if texts else []
+        # One by one: tiktoken's encode_ordinary_batch starts a new thread pool on every call, which
+        # costs far more than it saves on the few short texts of a save (and contends with the embedder).
+        return [self.count(text) for text in texts]
 
 
 def fit_budget(tokens: Iterable[int], max_tokens: int, limit: int) -> tuple[list[int], list[int], int | None]:

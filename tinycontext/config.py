@@ -75,9 +75,9 @@ class TinyContextConfig(BaseModel):
     # Relevance floor: memories with no lexical match and a dense cosine below this are not returned (0: off);
     # chosen from scripts/tune_floor.py's sweep (notes/relevance_floor.md).
     recall_min_dense: float = Field(0.3, ge=0.0, le=1.0)
-    # Score cliff: the answer ends at the first memory whose scores are all below (1 - this) x the best
-    # so far (0: off; retrieval.cliff_cut); tuned with scripts/tune_floor.py (notes/relevance_floor.md).
-    recall_score_cliff: float = Field(0.0, ge=0.0, le=0.99)
+    # Score cliff: the answer ends where every memory left has all its scores below (1 - this) x the best
+    # ranked above it (0: off; retrieval.cliff_cut); chosen from scripts/tune_floor.py (notes/relevance_floor.md).
+    recall_score_cliff: float = Field(0.25, ge=0.0, le=0.99)
     # Rows BM25 may score per recall: the query's commonest words are dropped past it (0: no bound).
     recall_fts_budget: int = Field(30_000, ge=0)
     # Conversations (tinycontext/conversation.py): a turn gains weight / (3 + its episode's rank), a
@@ -107,6 +107,9 @@ class TinyContextConfig(BaseModel):
     vector_cache_max: int = Field(200_000, ge=0)
     # Bigger sessions are held quantised (sign bits + int8 codes, ~440 bytes a vector) up to this many vectors.
     vector_quantized_max: int = Field(2_000_000, ge=0)
+    # Read-only connections recall and other reads use at once (WAL: they do not wait for each other or
+    # for a write); 0: reads share the write connection.
+    read_connections: int = Field(4, ge=0, le=64)
     # SSRF guard: let web fetches reach loopback/private/link-local hosts (local test servers, intranets).
     allow_private_hosts: bool = False
     # Web tools (search, scrape_urls, current_datetime) in the MCP server, REST API and CLI.

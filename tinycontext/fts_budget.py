@@ -22,11 +22,10 @@ def bounded_match(store: Store, query: str, budget: int, span: tuple[int, int] |
     if budget <= 0 or len(terms) < 2:
         return match_expression(terms)
     count = "SELECT count(*) FROM (SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? AND rowid BETWEEN ? AND ? LIMIT ?)"
-    with store.lock:
-        low, high = span or (1, store.conn.execute("SELECT max(id) FROM memories").fetchone()[0] or 0)
-        if high - low + 1 <= budget:
-            return match_expression(terms)  # fewer rows than the budget in all (ids only grow)
-        cost = [store.conn.execute(count, (match_expression([t]), low, high, budget + 1)).fetchone()[0] for t in terms]
+    low, high = span or (1, store.read("SELECT max(id) FROM memories")[0][0] or 0)
+    if high - low + 1 <= budget:
+        return match_expression(terms)  # fewer rows than the budget in all (ids only grow)
+    cost = [store.read(count, (match_expression([t]), low, high, budget + 1))[0][0] for t in terms]
     kept = list(range(len(terms)))
     for i in sorted(kept, key=lambda i: (-cost[i], i)):
         if len(kept) == 1 or sum(cost[j] for j in kept) <= budget:

@@ -100,23 +100,29 @@ def relevance_floor(ranked: list[Candidate], min_dense: float) -> tuple[list[Can
 
 def cliff_cut(scores: Sequence[tuple[float | None, float | None]], cliff: float) -> int:
     """How many of the ranked candidates, given as (bm25, dense) best first, to return: the answer
-    ends at the first one clearly weaker than those before it, i.e. each of its scores is below
-    ``1 - cliff`` times the best of that kind so far (a score it lacks counts as below; a kind no
-    earlier candidate had does not). What follows such a drop is rarely evidence, and the tokens are
-    the agent's. Candidates without any score (context a re-ranker added) never end it. 0: off."""
+    ends where every candidate left is clearly weaker than the best ranked above it, i.e. each of its
+    scores is below ``1 - cliff`` times the best of that kind above it (a score it lacks counts as
+    below; a kind no candidate above had does not). What follows is rarely evidence, and the tokens
+    are the agent's. Candidates without any score (context a re-ranker added, e.g. the turn after a
+    matching question) never end it, and those right after its last memory stay with it. 0: off."""
     if cliff <= 0.0:
         return len(scores)
     keep = 1.0 - cliff
     best_bm25: float | None = None
     best_dense: float | None = None
+    end = None
     for position, (bm25, dense) in enumerate(scores):
-        if position and (bm25 is not None or dense is not None):
-            weak_bm25 = bm25 is None or (best_bm25 is not None and bm25 < keep * best_bm25)
-            weak_dense = dense is None or (best_dense is not None and dense < keep * best_dense)
-            if weak_bm25 and weak_dense:
-                return position
+        if bm25 is not None or dense is not None:
+            weak = position > 0 and (bm25 is None or (best_bm25 is not None and bm25 < keep * best_bm25)) \
+                and (dense is None or (best_dense is not None and dense < keep * best_dense))
+            if not weak:
+                end = position + 1
         if bm25 is not None and (best_bm25 is None or bm25 > best_bm25):
             best_bm25 = bm25
         if dense is not None and (best_dense is None or dense > best_dense):
             best_dense = dense
-    return len(scores)
+    if end is None:
+        return len(scores)
+    while end < len(scores) and scores[end] == (None, None):
+        end += 1
+    return end

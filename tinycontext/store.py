@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import queue
 import re
 import threading
 from contextlib import contextmanager
@@ -204,11 +205,19 @@ def row_to_memory(row) -> dict:
 
 
 class Store:
-    """One SQLite file. A single connection guarded by a lock is shared by the process's threads;
-    other processes coordinate through WAL and ``busy_timeout``."""
+    """One SQLite file. Writes go through one connection guarded by a lock, shared by the process's
+    threads; reads (:meth:`read`) use a pool of up to ``readers`` read-only connections, which under
+    WAL neither wait for each other nor for a write in progress (0: reads share the write
+    connection). Other processes coordinate through WAL and ``busy_timeout``."""
 
-    def __init__(self, path: Path | str, *, target_version: int = SCHEMA_VERSION):
+    def __init__(self, path: Path | str, *, target_version: int = SCHEMA_VERSION, readers: int = 0):
         self.path = Path(path)
+        # A private in-memory database exists only on its own connection.
+        self._max_readers = 0 if str(path) == ":memory:" else readers
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()
+        self._readers: list = []
+        self._pool_lock = threading.Lock()
+        self._writing = threading.local()  # set while this thread holds a write transaction
         self.driver, self.driver_reason = sqlite_driver()
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -218,7 +227,7 @@ class Store:
             raise StorageError(f"Cannot open database {path}: {exc}. Check the path and its permissions.") from exc
         self.lock = threading.RLock()
         try:
-            self._load_sqlite_vec()
+            self._load_sqlite_vec(self.conn)
             self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             self.conn.execute("PRAGMA journal_mode = WAL")
             self.conn.execute("PRAGMA synchronous = NORMAL")
@@ -236,13 +245,13 @@ class Store:
             self.conn.close()
             raise
 
-    def _load_sqlite_vec(self) -> None:
+    def _load_sqlite_vec(self, conn) -> None:
         import sqlite_vec
 
         try:
-            self.conn.enable_load_extension(True)
-            sqlite_vec.load(self.conn)
-            self.conn.enable_load_extension(False)
+            conn.enable_load_extension(True)
+            sqlite_vec.load(conn)
+            conn.enable_load_extension(False)
         except Exception as exc:
             raise StorageError(f"Cannot load the sqlite-vec extension: {exc}. Run `tinycontext doctor` for details.") from exc
 
@@ -258,6 +267,8 @@ class Store:
                 self.conn.execute("BEGIN IMMEDIATE")
             except self.driver.Error as exc:
                 raise storage_error(exc, self.path) from exc
+            outer = getattr(self._writing, "active", False)
+            self._writing.active = True  # reads in the transaction must see its own changes: same connection
             try:
                 yield self.conn
                 self.conn.execute("COMMIT")
@@ -270,11 +281,45 @@ class Store:
                 if isinstance(exc, self.driver.Error):
                     raise storage_error(exc, self.path) from exc
                 raise
+            finally:
+                self._writing.active = outer
+
+    @contextmanager
+    def reading(self) -> Iterator:
+        """A connection for reads: an idle pooled one (opened on demand up to ``readers``, else the next
+        one freed), or the write connection under the lock (no pool, or inside this thread's write)."""
+        if not self._max_readers or getattr(self._writing, "active", False):
+            with self.lock:
+                yield self.conn
+            return
+        try:
+            conn = self._idle.get_nowait()
+        except queue.Empty:
+            with self._pool_lock:
+                conn = self._open_reader() if len(self._readers) < self._max_readers else None
+            if conn is None:
+                conn = self._idle.get()
+        try:
+            yield conn
+        finally:
+            self._idle.put(conn)
+
+    def _open_reader(self):
+        try:
+            conn = self.driver.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False, isolation_level=None)
+            self._load_sqlite_vec(conn)
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA query_only = ON")  # every write goes through write(), atomically
+        except self.driver.Error as exc:
+            raise storage_error(exc, self.path) from exc
+        self._readers.append(conn)
+        return conn
 
     def read(self, sql: str, params: Iterable = ()) -> list:
-        with self.lock:
+        with self.reading() as conn:
             try:
-                return self.conn.execute(sql, tuple(params)).fetchall()
+                return conn.execute(sql, tuple(params)).fetchall()
             except self.driver.Error as exc:
                 raise storage_error(exc, self.path) from exc
 
@@ -383,7 +428,10 @@ class Store:
             )
 
     def close(self) -> None:
-        with self.lock:
+        with self.lock, self._pool_lock:
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()
             self.conn.close()
 
 

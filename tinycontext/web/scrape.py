@@ -24,7 +24,7 @@ from .chunk import Chunk, chunk_markdown
 from .extract import ExtractedPage, Link, extract_page
 from .fetch import Fetcher, FetchResult, HttpFetcher
 from .present import scrape_page
-from .rank import boost_neighbours, rank_passages
+from .rank import bm25_ranking, boost_neighbours, rank_passages
 
 MAX_ITEMS = 5
 MAX_QUERY_CHARS = 1000
@@ -119,9 +119,12 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
         order = rank_passages(item.query, [c.text for c in result.chunks], embedder, config)
         order = boost_neighbours(order, [c.heading_path for c in result.chunks], config.scrape_neighbour_weight)
         result.chunks = [result.chunks[i] for i, _ in order]
-        if page.links:
-            link_order = rank_passages(item.query, [f"{l.text} {l.url}" for l in page.links], embedder, config)
-            result.links = [page.links[i] for i, _ in link_order]
+        # Related links share a word with the query (navigation and sidebars do not, and would eat the
+        # budget); those are ranked like passages.
+        texts = [f"{l.text} {l.url}" for l in page.links]
+        related = [i for i, _ in bm25_ranking(item.query, texts)]
+        link_order = rank_passages(item.query, [texts[i] for i in related], embedder, config) if related else []
+        result.links = [page.links[related[j]] for j, _ in link_order]
     return result
 
 

@@ -82,9 +82,9 @@ def register(server, config: TinyContextConfig, *, engine: Callable[[], Any] | N
 
     @server.tool(
         description=(
-            f"Read web pages without paying for whole pages. Give 1-{SCRAPE_MAX_ITEMS} items {{url, query?}}: with a "
-            "query you get only the passages of each page that answer it (original text, with heading path and "
-            "character offsets) plus the page's most relevant links; without one (or '*') the page's main content "
+            f"Read web pages (HTML, plain text, PDF) without paying for whole pages. Give 1-{SCRAPE_MAX_ITEMS} items "
+            "{url, query?}: with a query you get only the passages of each page that answer it (original text, with "
+            "character offsets, and the heading path where it changes) plus the page's most relevant links; without one (or '*') the page's main content "
             f"in order. One token budget (max_tokens, default {config.scrape_max_tokens}) is shared by all items. "
             "Each item has an outcome: ok, blocked, http_error, timeout, too_large, unsupported_type, empty, "
             "unavailable, invalid. Private and local addresses are refused."
