@@ -15,7 +15,6 @@ import unicodedata
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date, datetime
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -504,13 +503,17 @@ class MemoryEngine:
         if session is not None and not self.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
             raise SessionNotFoundError(f"No session {session!r}. Save memories into it first, or recall without session_id to search all sessions.")
 
-        # Embed the query on a worker thread while FTS5 runs here: ONNX and SQLite both release the
-        # GIL, so on two cores the two steps overlap instead of adding up.
-        vector = _QUERY_POOL.submit(self.embedder.embed_query, query) if weight > 0.0 else None
+        # The dense search (query embedding, then the vector scan) runs on a worker thread while FTS5 runs
+        # here: ONNX, numpy and SQLite release the GIL, so on two cores the steps overlap instead of adding up.
+        first_depth = depth
+        first_dense = _QUERY_POOL.submit(self._dense, query, session, tag_list, depth, filters) if weight > 0.0 else None
 
         def ordered(depth: int) -> tuple[list, int]:
             bm25_hits = self._bm25(query, session, tag_list, depth, filters) if weight < 1.0 else []
-            dense_hits = self._dense(query, session, tag_list, depth, filters, vector=vector.result()) if vector else []
+            if first_dense is None:
+                dense_hits = []
+            else:  # deeper pages search again (the query's vector is cached by then)
+                dense_hits = first_dense.result() if depth == first_depth else self._dense(query, session, tag_list, depth, filters)
             ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
             # The relevance floor: its own step, so re-rankers before or after it compose.
             ranked, below_floor = relevance_floor(ranked, min_dense)
