@@ -53,6 +53,9 @@ def run(args: list[str], env: dict, limit: float | None = None) -> dict:
         os.killpg(proc.pid, signal.SIGTERM)
         output, _ = proc.communicate()
         stopped = True
+    except BaseException:  # interrupted: the run is in its own session, stop it too
+        os.killpg(proc.pid, signal.SIGTERM)
+        raise
     return {"args": args, "seconds": round(time.perf_counter() - started, 2), "returncode": proc.returncode,
             "stopped_at_limit": stopped, "load_before": before, "load_after": load(), "log_tail": output[-3000:]}
 

@@ -203,7 +203,7 @@ def test_candidates_is_the_ranking_depth(tmp_path):
 
 @pytest.mark.parametrize("overrides", [
     ["retrieval.dense_weight=0.3", "retrieval.rrf_k=30", "experiment=scifact_sweep"],
-    ["dataset=tiny", "embedder=minilm-static256", "retrieval.dense_weight=1", "budget=tight", "+engine.recall.recall_min_score=0.2"],
+    ["dataset=tiny", "embedder=minilm-static256", "retrieval.dense_weight=1", "budget=tight", "+engine.recall.recall_min_dense=0.2"],
     ["+retrieval.kwargs={speaker_boost: 0.5}", "embedder=fast", "latency.queries=5", "retrieval.top_k=5"],
 ])
 def test_reusing_sweeper_composes_jobs_as_hydra_does(overrides):
