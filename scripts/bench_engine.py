@@ -95,6 +95,8 @@ def bench_locomo_engine(work: Path, convs: list[dict], fmt: str, repeats: int, k
         turns = seconds = dups = 0
         for conv in convs:
             db = work / f"locomo-{fmt}-{rep}-{conv['sample_id']}.db"
+            for old in work.glob(db.name + "*"):  # a fresh database: a reused one would skip every turn as a duplicate
+                old.unlink()
             with new_engine(db) as engine:
                 engine.save(["warm-up"], session_id="warmup")  # load the model before timing
                 dia_to_id, elapsed, d = ingest_locomo(engine, conv, fmt)
