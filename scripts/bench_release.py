@@ -259,7 +259,7 @@ def table(results: dict) -> str:
     if "scifact" in results:
         s = results["scifact"]
         lines += ["", f"SciFact ({s['docs']} abstracts, {s['queries']} test queries): ingest {s['index_docs_per_s']:.1f} abstracts/s, "
-                  f"nDCG@10 default {s['nDCG@10_default']:.4f}, BM25 only {s['nDCG@10_bm25_only']:.4f}, dense only {s['nDCG@10_dense_only']:.4f}"]
+                  f"nDCG@10 default {s['nDCG@10_default']:.4f} (no floor/cliff {s['nDCG@10_no_cut']:.4f}), BM25 only {s['nDCG@10_bm25_only']:.4f}, dense only {s['nDCG@10_dense_only']:.4f}"]
     return "\n".join(lines)
 
 
