@@ -65,4 +65,9 @@ def test_score_cliff_in_recall_is_reported_and_pages_agree(engine):
     assert [m["id"] for m in second["memories"]] == [m["id"] for m in cut["memories"][1:2]]
     page = engine.recall_rendered(query, session_id="me", top_k=10)
     assert page.structured.get("below_cliff", 0) == engine.recall(query, session_id="me")["below_cliff"]
+    # A single-signal ranking (BM25 alone, dense alone) keeps its whole order: the cliff reads agreement.
+    for weight in (0.0, 1.0):
+        alone = engine.recall(query, session_id="me", score_cliff=0.5, min_dense=0.0, dense_weight=weight)
+        every = engine.recall(query, session_id="me", score_cliff=0.0, min_dense=0.0, dense_weight=weight)
+        assert alone["below_cliff"] == 0 and [m["id"] for m in alone["memories"]] == [m["id"] for m in every["memories"]]
 

@@ -540,7 +540,9 @@ class MemoryEngine:
                 ranked += fresh
                 seen.update(c.id for c in fresh)
         # The score cliff cuts the whole order, not the page, so every page agrees where the answer ends.
-        kept = cliff_cut([(c.bm25, c.dense) for c in ranked], cliff)
+        # It reads two signals' agreement: one signal's decay alone (BM25-only, keyword-only, dense-only)
+        # is no sign that the rest is not evidence, so a single-signal ranking keeps its full order.
+        kept = cliff_cut([(c.bm25, c.dense) for c in ranked], cliff if 0.0 < weight < 1.0 else 0.0)
         ranked, below_cliff = ranked[:kept], len(ranked) - kept
         window = ranked[offset:]
         rows = self._rows([c.id for c in window])
