@@ -391,9 +391,14 @@ def main(argv: list[str] | None = None) -> dict:
             shutil.rmtree(work, ignore_errors=True)
     print(table(results))
     if args.json:
-        clean = {k: ({kk: vv for kk, vv in v.items() if not str(kk).startswith("_")} if isinstance(v, dict) else v) for k, v in results.items()}
-        args.json.write_text(json.dumps(clean, indent=2, default=str))
+        write_json(args.json, results)
     return results
+
+
+def write_json(path: Path, results: dict) -> None:
+    """The figures without the working state a part keeps under ``_`` keys."""
+    clean = {k: ({kk: vv for kk, vv in v.items() if not str(kk).startswith("_")} if isinstance(v, dict) else v) for k, v in results.items()}
+    path.write_text(json.dumps(clean, indent=2, default=str))
 
 
 if __name__ == "__main__":

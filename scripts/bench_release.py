@@ -296,8 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.notes:
         args.notes.write_text("# Release benchmark (scripts/bench_release.py)\n\n" + text + "\n\nCommand: `" + results["command"] + "`\n")
     if args.json:
-        clean = {k: ({kk: vv for kk, vv in v.items() if not str(kk).startswith("_")} if isinstance(v, dict) else v) for k, v in results.items()}
-        args.json.write_text(json.dumps(clean, indent=2, default=str))
+        bench_engine.write_json(args.json, results)
     return results
 
 
