@@ -30,7 +30,7 @@ from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from tinycontext import Embedder, MemoryEngine, TinyContextConfig, resolve_model
+from tinycontext import Embedder, MemoryEngine, Signals, TinyContextConfig, resolve_model
 
 from . import datasets as dataset_module
 from .datasets import EvalDataset
@@ -56,6 +56,12 @@ _embedders: dict[tuple, CachedEmbedder] = {}
 _live: dict[tuple, Embedder] = {}
 _datasets: dict[str, EvalDataset] = {}
 _probes: dict[str, dict] = {}
+# Each query's search (its BM25 and dense candidate lists, MemoryEngine.search) on the last index
+# and engine settings this process evaluated: the sweep's configs that differ only in fusion, floor,
+# cliff or budget settings fuse the same lists instead of searching again. An index never changes
+# once built (its key holds the data, vectors and code), so its searches cannot go stale.
+_searches: dict = {"scope": None, "by_query": {}}
+SEARCH_ARGS = ("candidates", "tags", "filters")
 
 
 def resolve_model_spec(spec: str, base: Path) -> str:
@@ -192,11 +198,26 @@ def _recall_kwargs(r: DictConfig) -> dict:
             **_overrides(r.get("kwargs"))}
 
 
+def _search(engine: MemoryEngine, scope: tuple, text: str, session: str | None, kwargs: dict) -> Signals:
+    """This query's candidate lists, searched once per index and engine settings in this process."""
+    if _searches["scope"] != scope:
+        _searches.update(scope=scope, by_query={})
+    wanted = {k: kwargs[k] for k in SEARCH_ARGS if k in kwargs}
+    key = json.dumps([text, session, wanted], sort_keys=True, default=str)
+    if key not in _searches["by_query"]:
+        _searches["by_query"][key] = engine.search(text, session_id=session, **wanted)
+    return _searches["by_query"][key]
+
+
 def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, naive: dict, r: DictConfig, max_tokens: int,
-                  rendered: bool = False) -> list[dict]:
+                  rendered: bool = False, scope: tuple | None = None) -> list[dict]:
+    """Per-query quality of one config. ``scope`` (index and engine settings) names where the
+    queries' searches may be reused; None searches afresh. Each query is ranked once: the budgeted
+    answer and the ``depth``-deep ranking scored come from the same recall."""
     run: dict[str, dict[str, float]] = {}
     rows: list[dict] = []
     kwargs = _recall_kwargs(r)
+    top_k = int(r.top_k)
     # The ranking is as deep as the configured candidate lists allow (at most 100): a shallower
     # candidates setting changes what is fused, so it changes nDCG/R, as it does in production.
     depth = min(RANKING_DEPTH, int(r.candidates))
@@ -206,17 +227,20 @@ def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, nai
             continue
         text = dataset.queries[qid]
         session = dataset.query_sessions[qid] if dataset.query_sessions else None
+        signals = _search(engine, scope, text, session, kwargs) if scope is not None else None
         if rendered:  # what an MCP/REST client receives: text and structured content each within the budget
-            page = engine.recall_rendered(text, session_id=session, max_tokens=max_tokens, top_k=int(r.top_k), **kwargs)
+            page = engine.recall_rendered(text, session_id=session, max_tokens=max_tokens, top_k=top_k, signals=signals, **kwargs)
             received, tokens = page.structured["memories"], page.tokens
+            ranking = engine.recall(text, session_id=session, max_tokens=UNLIMITED_TOKENS, top_k=depth, signals=signals,
+                                    **kwargs)["memories"]
         else:
-            answer = engine.recall(text, session_id=session, max_tokens=max_tokens, top_k=int(r.top_k), **kwargs)
-            received, tokens = answer["memories"], answer["total_tokens"]
-        ranking = engine.recall(text, session_id=session, max_tokens=UNLIMITED_TOKENS, top_k=depth, **kwargs)
-        n = len(ranking["memories"])
-        run[qid] = {d: float(n - i) for i, m in enumerate(ranking["memories"]) for d in doc_ids[str(m["id"])]}
+            answer = engine.recall(text, session_id=session, max_tokens=max_tokens, top_k=top_k, signals=signals,
+                                   ranking=depth, **kwargs)
+            received, tokens, ranking = answer["memories"], answer["total_tokens"], answer["ranking"]
+        n = len(ranking)
+        run[qid] = {d: float(n - i) for i, m in enumerate(ranking) for d in doc_ids[str(m["id"])]}
         seen = [d for m in received for d in doc_ids[str(m["id"])]]
-        top = [d for m in ranking["memories"][:10] for d in doc_ids[str(m["id"])]]
+        top = [d for m in ranking[:10] for d in doc_ids[str(m["id"])]]
         rows.append({"query_id": qid, "tune": qid in tune, "test": qid in test, "session": session,
                      **dataset.query_info.get(qid, {}),
                      "tokens_returned": tokens, "tokens_naive": naive[qid],
@@ -393,7 +417,7 @@ def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = (), swe
         phase("index")
         with MemoryEngine(TinyContextConfig(memory_db_path=db, **engine_settings), embedder=embedder) as engine:
             rows = _quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, max_tokens,
-                                 bool(cfg.budget.get("rendered", False)))
+                                 bool(cfg.budget.get("rendered", False)), scope=(str(db), json.dumps(engine_settings, sort_keys=True)))
         phase("quality")
     with timing_alone(cache_dir):
         phase("wait_alone")

@@ -45,6 +45,22 @@ def query_terms(text: str) -> list[str]:
     return terms
 
 
+@dataclass(frozen=True)
+class Signals:
+    """What one query's searches found, before fusion (``MemoryEngine.search``): BM25 and dense hits,
+    (id, score) best first, each ``depth`` deep; None for a list not searched. A recall given them
+    (``signals=``) fuses them instead of searching, so settings that only change fusion, floor, cliff
+    and budget can be tried on one search. A snapshot: valid while the store is unchanged."""
+
+    query: str
+    session_id: str | None
+    tags: tuple[str, ...]
+    filters: object  # a tinycontext.filters.Filters
+    depth: int
+    bm25: tuple[tuple[int, float], ...] | None
+    dense: tuple[tuple[int, float], ...] | None
+
+
 @dataclass
 class Candidate:
     id: int
