@@ -143,7 +143,8 @@ def test_budget_as_rendered_counts_what_a_client_receives(tmp_path):
 
 def test_configs_sharing_one_search_score_exactly_as_searching_afresh(tmp_path, monkeypatch):
     """The quality pass reuses each query's search across configs that differ in fusion, floor, cliff
-    or budget (as a sweep's jobs in one worker do); every per-query figure equals a fresh search's."""
+    or budget (as a sweep's jobs do, through a file beside the index); every per-query figure equals
+    a fresh search's."""
     from evals import runner
     from tinycontext import MemoryEngine, TinyContextConfig
 
@@ -163,10 +164,13 @@ def test_configs_sharing_one_search_score_exactly_as_searching_afresh(tmp_path, 
             r = cfg.retrieval.copy()
             for key, value in settings.items():
                 r[key] = value
-            shared = runner._quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, 60, scope=(str(db), "{}"))
+            found = runner.searches(engine, dataset, db, {}, r)
+            shared = runner._quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, 60, found=found)
             fresh = runner._quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, 60)
             assert shared == fresh, settings
-    queries = len(shared)
-    # The shared passes searched each query once per candidates depth (100, then 3); the fresh ones
-    # searched inside recall.
-    assert len(searched) == queries * 2
+        # Searched once per candidates depth (100, then 3); the fresh passes searched inside recall.
+        assert len(searched) == len(shared) * 2
+        # Another process reads the same searches from the file beside the index.
+        monkeypatch.setattr(runner, "_searches", {"file": None, "by_query": {}})
+        assert runner.searches(engine, dataset, db, {}, r) == found and len(searched) == len(shared) * 2
+    assert len(list(db.parent.glob(f"{db.stem}.searches-*.json"))) == 2

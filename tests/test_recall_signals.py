@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tinycontext import InvalidInputError
+from tinycontext import InvalidInputError, Signals
 
 TINY = Path(__file__).resolve().parents[1] / "evals" / "data" / "tiny"
 TURNS = [("Alice", "I take my coffee with oat milk, no sugar."), ("Bob", "Gluten makes me ill, so no bread for me."),
@@ -37,7 +37,8 @@ def filled(engine):
 
 def test_recall_from_one_search_equals_plain_recall_for_every_setting(filled):
     queries = [json.loads(line)["text"] for line in (TINY / "queries.jsonl").read_text().splitlines()]
-    cases = [(q, {}) for q in queries] + [(q, {"session_id": "chat"}) for q in queries[:4]] + [(queries[0], {"tags": ["tiny"]})]
+    cases = [(q, {}) for q in queries] + [(q, {"session_id": "chat"}) for q in queries[:4]]
+    cases += [(queries[0], {"tags": ["tiny"]}), (queries[1], {"filters": {"tags_all": ["tiny"]}})]
     searches: dict = {}
     dropped = {"below_floor": 0, "below_cliff": 0, "skipped_for_budget": 0}
     for config in CONFIGS:
@@ -47,6 +48,8 @@ def test_recall_from_one_search_equals_plain_recall_for_every_setting(filled):
             key = (query, json.dumps(wanted, sort_keys=True))
             if key not in searches:  # searched once, shared by every config, as the harness does
                 searches[key] = filled.search(query, **wanted)
+                # Kept on disk as JSON (the harness does), it comes back equal.
+                assert Signals.from_dict(json.loads(json.dumps(searches[key].to_dict()))) == searches[key]
             signals = searches[key]
             plain = filled.recall(query, **settings)
             depth = min(100, settings.get("candidates", 100))  # the harness's ranking depth
