@@ -30,7 +30,7 @@ from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from tinycontext import Embedder, MemoryEngine, TinyContextConfig, resolve_model
+from tinycontext import Embedder, MemoryEngine, Signals, TinyContextConfig, resolve_model
 
 from . import datasets as dataset_module
 from .datasets import EvalDataset
@@ -56,6 +56,9 @@ _embedders: dict[tuple, CachedEmbedder] = {}
 _live: dict[tuple, Embedder] = {}
 _datasets: dict[str, EvalDataset] = {}
 _probes: dict[str, dict] = {}
+# The last searches this process loaded (see ``searches``): {"file": path, "by_query": {qid: Signals}}.
+_searches: dict = {"file": None, "by_query": {}}
+SEARCH_ARGS = ("candidates", "tags", "filters")
 
 
 def resolve_model_spec(spec: str, base: Path) -> str:
@@ -192,31 +195,68 @@ def _recall_kwargs(r: DictConfig) -> dict:
             **_overrides(r.get("kwargs"))}
 
 
+def scored_queries(dataset: EvalDataset) -> list[str]:
+    """The queries a quality pass scores: the tuning and the test split's."""
+    wanted = set(dataset.split_ids(dataset.tune_split)) | set(dataset.split_ids(dataset.test_split))
+    return [q for q in dataset.judged if q in wanted]
+
+
+def searches(engine: MemoryEngine, dataset: EvalDataset, db: Path, engine_settings: dict, r: DictConfig) -> dict[str, Signals]:
+    """Every scored query's search (``MemoryEngine.search``: its BM25 and dense candidate lists) on
+    the index ``db`` with these engine settings and search arguments (candidates, tags, filters).
+
+    Searched once per host, by the first job that needs them (the others wait on a file lock), kept
+    beside the index and in this process: a sweep's configs that differ only in fusion, floor, cliff
+    or budget settings fuse the same lists instead of searching again. An index never changes once
+    built (its key holds the data, vectors and code), so its searches cannot go stale."""
+    kwargs = _recall_kwargs(r)
+    wanted = {k: kwargs[k] for k in SEARCH_ARGS if k in kwargs}
+    queries = [(q, dataset.queries[q], dataset.query_sessions[q] if dataset.query_sessions else None) for q in scored_queries(dataset)]
+    key = hashlib.sha256(json.dumps([engine_settings, wanted, queries], sort_keys=True, default=str).encode()).hexdigest()[:20]
+    file = db.with_name(f"{db.stem}.searches-{key}.json")
+    if _searches["file"] != file:
+        with FileLock(str(file.with_suffix(".lock"))):
+            if file.is_file():
+                found = {q: Signals.from_dict(s) for q, s in json.loads(file.read_text(encoding="utf-8")).items()}
+            else:
+                found = {q: engine.search(text, session_id=session, **wanted) for q, text, session in queries}
+                tmp = file.with_suffix(".tmp")
+                tmp.write_text(json.dumps({q: s.to_dict() for q, s in found.items()}), encoding="utf-8")
+                os.replace(tmp, file)
+        _searches.update(file=file, by_query=found)
+    return _searches["by_query"]
+
+
 def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, naive: dict, r: DictConfig, max_tokens: int,
-                  rendered: bool = False) -> list[dict]:
+                  rendered: bool = False, found: dict[str, Signals] | None = None) -> list[dict]:
+    """Per-query quality of one config. ``found``: the queries' searches (:func:`searches`) to fuse;
+    None searches afresh. Each query is ranked once: the budgeted answer and the ``depth``-deep
+    ranking scored come from the same recall."""
     run: dict[str, dict[str, float]] = {}
     rows: list[dict] = []
     kwargs = _recall_kwargs(r)
+    top_k = int(r.top_k)
     # The ranking is as deep as the configured candidate lists allow (at most 100): a shallower
     # candidates setting changes what is fused, so it changes nDCG/R, as it does in production.
     depth = min(RANKING_DEPTH, int(r.candidates))
     tune, test = set(dataset.split_ids(dataset.tune_split)), set(dataset.split_ids(dataset.test_split))
-    for qid in dataset.judged:
-        if qid not in tune and qid not in test:
-            continue
+    for qid in scored_queries(dataset):
         text = dataset.queries[qid]
         session = dataset.query_sessions[qid] if dataset.query_sessions else None
+        signals = found[qid] if found is not None else None
         if rendered:  # what an MCP/REST client receives: text and structured content each within the budget
-            page = engine.recall_rendered(text, session_id=session, max_tokens=max_tokens, top_k=int(r.top_k), **kwargs)
+            page = engine.recall_rendered(text, session_id=session, max_tokens=max_tokens, top_k=top_k, signals=signals, **kwargs)
             received, tokens = page.structured["memories"], page.tokens
+            ranking = engine.recall(text, session_id=session, max_tokens=UNLIMITED_TOKENS, top_k=depth, signals=signals,
+                                    **kwargs)["memories"]
         else:
-            answer = engine.recall(text, session_id=session, max_tokens=max_tokens, top_k=int(r.top_k), **kwargs)
-            received, tokens = answer["memories"], answer["total_tokens"]
-        ranking = engine.recall(text, session_id=session, max_tokens=UNLIMITED_TOKENS, top_k=depth, **kwargs)
-        n = len(ranking["memories"])
-        run[qid] = {d: float(n - i) for i, m in enumerate(ranking["memories"]) for d in doc_ids[str(m["id"])]}
+            answer = engine.recall(text, session_id=session, max_tokens=max_tokens, top_k=top_k, signals=signals,
+                                   ranking=depth, **kwargs)
+            received, tokens, ranking = answer["memories"], answer["total_tokens"], answer["ranking"]
+        n = len(ranking)
+        run[qid] = {d: float(n - i) for i, m in enumerate(ranking) for d in doc_ids[str(m["id"])]}
         seen = [d for m in received for d in doc_ids[str(m["id"])]]
-        top = [d for m in ranking["memories"][:10] for d in doc_ids[str(m["id"])]]
+        top = [d for m in ranking[:10] for d in doc_ids[str(m["id"])]]
         rows.append({"query_id": qid, "tune": qid in tune, "test": qid in test, "session": session,
                      **dataset.query_info.get(qid, {}),
                      "tokens_returned": tokens, "tokens_naive": naive[qid],
@@ -392,8 +432,10 @@ def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = (), swe
         db, index = ensure_index(dataset, embedder, cache_dir, index_overrides)
         phase("index")
         with MemoryEngine(TinyContextConfig(memory_db_path=db, **engine_settings), embedder=embedder) as engine:
+            found = searches(engine, dataset, db, engine_settings, r)
+            phase("search")
             rows = _quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, max_tokens,
-                                 bool(cfg.budget.get("rendered", False)))
+                                 bool(cfg.budget.get("rendered", False)), found)
         phase("quality")
     with timing_alone(cache_dir):
         phase("wait_alone")

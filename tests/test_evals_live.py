@@ -139,3 +139,38 @@ def test_budget_as_rendered_counts_what_a_client_receives(tmp_path):
     assert (page["recall@10"] == library["recall@10"]).all()
     assert (page["memories_returned"] <= library["memories_returned"]).all()
     assert page["memories_returned"].sum() < library["memories_returned"].sum()
+
+
+def test_configs_sharing_one_search_score_exactly_as_searching_afresh(tmp_path, monkeypatch):
+    """The quality pass reuses each query's search across configs that differ in fusion, floor, cliff
+    or budget (as a sweep's jobs do, through a file beside the index); every per-query figure equals
+    a fresh search's."""
+    from evals import runner
+    from tinycontext import MemoryEngine, TinyContextConfig
+
+    cfg = compose_run(tmp_path / "cache")
+    models_dir = (REPO / Path(cfg.models_dir).expanduser()).resolve()
+    dataset = runner.get_dataset(cfg.dataset, REPO)
+    embedder = runner.get_embedder(cfg.embedder, models_dir, tmp_path / "cache", REPO)
+    db, index = runner.ensure_index(dataset, embedder, tmp_path / "cache", {})
+    searched = []
+    real_search = MemoryEngine.search
+    monkeypatch.setattr(MemoryEngine, "search", lambda self, *a, **k: searched.append(a) or real_search(self, *a, **k))
+    configs = [{}, {"dense_weight": 0.0}, {"dense_weight": 1.0}, {"dense_weight": 0.3, "rrf_k": 60},
+               {"kwargs": {"min_dense": 0.6, "score_cliff": 0.5}}, {"kwargs": {"min_dense": 0.0, "score_cliff": 0.0}},
+               {"top_k": 2}, {"candidates": 3}]
+    with MemoryEngine(TinyContextConfig(memory_db_path=db), embedder=embedder) as engine:
+        for settings in configs:
+            r = cfg.retrieval.copy()
+            for key, value in settings.items():
+                r[key] = value
+            found = runner.searches(engine, dataset, db, {}, r)
+            shared = runner._quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, 60, found=found)
+            fresh = runner._quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, 60)
+            assert shared == fresh, settings
+        # Searched once per candidates depth (100, then 3); the fresh passes searched inside recall.
+        assert len(searched) == len(shared) * 2
+        # Another process reads the same searches from the file beside the index.
+        monkeypatch.setattr(runner, "_searches", {"file": None, "by_query": {}})
+        assert runner.searches(engine, dataset, db, {}, r) == found and len(searched) == len(shared) * 2
+    assert len(list(db.parent.glob(f"{db.stem}.searches-*.json"))) == 2

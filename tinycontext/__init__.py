@@ -28,6 +28,7 @@ from .errors import (
     TinyContextError,
 )
 from .model_hub import resolve_model
+from .retrieval import Signals
 
 __version__ = "0.1.0"
 
@@ -36,5 +37,5 @@ __all__ = [
     "update_memory", "delete_memory", "get_memory", "close_engines",
     "TinyContextError", "InvalidInputError", "EmptyMemoryError", "RecallBudgetError", "SessionNotFoundError",
     "MemoryNotFoundError", "ModelMismatchError", "ModelUnavailableError", "ConfigError", "ConflictError", "StorageError",
-    "MissingExtraError", "Embedder", "resolve_model", "__version__",
+    "MissingExtraError", "Embedder", "resolve_model", "Signals", "__version__",
 ]

@@ -35,7 +35,7 @@ from .errors import (
 from .filters import Filters, expiry, parse_filters
 from .render import Page, check_agent_budget, check_detail, recall_page
 from .fts_budget import bounded_match
-from .retrieval import cliff_cut, fuse, relevance_floor
+from .retrieval import Signals, cliff_cut, fuse, relevance_floor
 from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory, typed_storage_errors
 from .vector_index import VectorIndex
 
@@ -422,17 +422,22 @@ class MemoryEngine:
                tags: Sequence[str] | None = None, offset: int = 0, dense_weight: float | None = None,
                rrf_k: float | None = None, candidates: int | None = None, filters: Filters | dict | None = None,
                episode_weight: float | None = None, neighbour_weight: float | None = None, speaker_boost: float | None = None,
-               min_dense: float | None = None, score_cliff: float | None = None, time_boost: float | None = None) -> dict:
+               min_dense: float | None = None, score_cliff: float | None = None, time_boost: float | None = None,
+               signals: Signals | None = None, ranking: int = 0) -> dict:
         """The library answer: full memory dicts whose content fits ``max_tokens``. Interfaces that
         hand text to an agent use :meth:`recall_rendered`, whose budget covers what they render.
-        ``filters`` (see :mod:`tinycontext.filters`) narrows by tags, metadata and time."""
+        ``filters`` (see :mod:`tinycontext.filters`) narrows by tags, metadata and time.
+        ``signals``: this query's :meth:`search`, fused instead of searching again. ``ranking``: also
+        return the first ``ranking`` positions of the order the answer was chosen from (ids, ranks,
+        scores; no budget), e.g. to score the ranking and the budgeted answer from one recall."""
         started = time.perf_counter()
         max_tokens = self.config.recall_max_tokens if max_tokens is None else max_tokens
         _check_int(max_tokens, "max_tokens", 1, 1_000_000, RecallBudgetError)
+        _check_int(ranking, "ranking", 0, 10_000)
         ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset,
                             dense_weight=dense_weight, rrf_k=rrf_k, candidates=candidates, filters=filters,
                             episode_weight=episode_weight, neighbour_weight=neighbour_weight, speaker_boost=speaker_boost,
-                            min_dense=min_dense, score_cliff=score_cliff, time_boost=time_boost)
+                            min_dense=min_dense, score_cliff=score_cliff, time_boost=time_boost, signals=signals)
         window = ranked["window"]
         chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, ranked["top_k"])
         memories = [window[p] for p in chosen]
@@ -454,6 +459,7 @@ class MemoryEngine:
             "below_cliff": ranked["below_cliff"],
             "mode": self.search_mode,
             "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
+            **({"ranking": [{"id": m["id"], "rank": m["rank"], "scores": m["scores"]} for m in window[:ranking]]} if ranking else {}),
         }
 
     def recall_rendered(self, query: str, *, session_id: str | None = None, max_tokens: int | None = None,
@@ -461,7 +467,7 @@ class MemoryEngine:
                         detail: str = "compact", filters: Filters | dict | None = None, **ranking: float | None) -> Page:
         """Recall as an agent receives it: text and structured content, each within ``max_tokens``
         counted with the configured encoding (see :mod:`tinycontext.render`). ``ranking``: the
-        ranking settings :meth:`recall` takes (``dense_weight``, ``rrf_k``, ``candidates``, ...)."""
+        ranking settings :meth:`recall` takes (``dense_weight``, ``rrf_k``, ``candidates``, ``signals``, ...)."""
         detail = check_detail(detail)
         max_tokens = check_agent_budget(self.config.recall_max_tokens if max_tokens is None else max_tokens)
         ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset, filters=filters, **ranking)
@@ -475,11 +481,9 @@ class MemoryEngine:
               dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None,
               filters: Filters | dict | None = None, episode_weight: float | None = None,
               neighbour_weight: float | None = None, speaker_boost: float | None = None, min_dense: float | None = None,
-              score_cliff: float | None = None, time_boost: float | None = None) -> dict:
+              score_cliff: float | None = None, time_boost: float | None = None, signals: Signals | None = None) -> dict:
         """Ranked memories from ``offset`` on (full dicts with rank and scores), before any budget."""
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInputError("query must be non-empty text: say what you want to remember.")
-        query = _clean_text(query, "query")
+        query = self._check_query(query)
         top_k = self.config.recall_top_k if top_k is None else top_k
         _check_int(top_k, "top_k", 1, 1000)
         _check_int(offset, "offset", 0, MAX_OFFSET)
@@ -495,25 +499,24 @@ class MemoryEngine:
         time_boost = _check_number(self.config.recall_time_boost if time_boost is None else time_boost, "time_boost", 0.0, 10.0)
         # Resolved once per recall (dateparser only runs when the query has a date phrase).
         windows = when.question_windows(query, datetime.now()) if time_boost else []
-        depth = _check_int(self.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000)
-        session = _check_session(session_id)
-        tag_list = _normalise_tags([] if tags is None else tags, "tags")
-        filters = parse_filters(filters)
-        browse.purge_expired(self)
-        if session is not None and not self.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
-            raise SessionNotFoundError(f"No session {session!r}. Save memories into it first, or recall without session_id to search all sessions.")
-
-        # The dense search (query embedding, then the vector scan) runs on a worker thread while FTS5 runs
-        # here: ONNX, numpy and SQLite release the GIL, so on two cores the steps overlap instead of adding up.
-        first_depth = depth
-        first_dense = _QUERY_POOL.submit(self._dense, query, session, tag_list, depth, filters) if weight > 0.0 else None
+        depth, session, tag_list, filters = self._search_scope(session_id, tags, filters, candidates)
+        # A list with zero weight is not searched (and not used when given).
+        keyword_wanted, dense_wanted = weight < 1.0, weight > 0.0
+        if signals is None:
+            first = self._search(query, session, tag_list, filters, depth, keyword=keyword_wanted, dense=dense_wanted)
+        elif ((signals.query, signals.session_id, signals.tags, signals.filters, signals.depth) != (query, session, tuple(tag_list), filters, depth)
+              or (keyword_wanted and signals.bm25 is None) or (dense_wanted and signals.dense is None)):
+            raise InvalidInputError("signals were searched for another query, session, tags, filters or candidates, "
+                                    "or lack a list this weighting needs: search again with this recall's settings.")
+        else:
+            first = signals
 
         def ordered(depth: int) -> tuple[list, int]:
-            bm25_hits = self._bm25(query, session, tag_list, depth, filters) if weight < 1.0 else []
-            if first_dense is None:
-                dense_hits = []
-            else:  # deeper pages search again (the query's vector is cached by then)
-                dense_hits = first_dense.result() if depth == first_depth else self._dense(query, session, tag_list, depth, filters)
+            # Deeper pages search again (the query's vector is cached by then).
+            found = first if depth == first.depth else self._search(query, session, tag_list, filters, depth,
+                                                                    keyword=keyword_wanted, dense=dense_wanted)
+            bm25_hits = list(found.bm25) if keyword_wanted else []
+            dense_hits = list(found.dense) if dense_wanted else []
             ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
             # The relevance floor: its own step, so re-rankers before or after it compose.
             ranked, below_floor = relevance_floor(ranked, min_dense)
@@ -552,6 +555,40 @@ class MemoryEngine:
         ]
         return {"query": query, "session_id": session, "top_k": top_k, "window": memories, "candidates": len(ranked),
                 "below_floor": below_floor, "below_cliff": below_cliff}
+
+    def search(self, query: str, *, session_id: str | None = None, tags: Sequence[str] | None = None,
+               filters: Filters | dict | None = None, candidates: int | None = None) -> Signals:
+        """The candidate lists a recall with these settings fuses: BM25 and (with a model) dense hits,
+        each ``candidates`` deep. :meth:`recall` is this search, then fusion, re-ranking, the score
+        cliff and the budget; ``recall(..., signals=...)`` runs only the latter on a search done once."""
+        query = self._check_query(query)
+        depth, session, tag_list, filters = self._search_scope(session_id, tags, filters, candidates)
+        return self._search(query, session, tag_list, filters, depth, keyword=True, dense=self.embedder is not None)
+
+    @staticmethod
+    def _check_query(query) -> str:
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError("query must be non-empty text: say what you want to remember.")
+        return _clean_text(query, "query")
+
+    def _search_scope(self, session_id, tags, filters, candidates) -> tuple[int, str | None, list[str], Filters]:
+        """Validated (depth, session, tags, filters) of a search; expired memories purged first."""
+        depth = _check_int(self.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000)
+        session = _check_session(session_id)
+        tag_list = _normalise_tags([] if tags is None else tags, "tags")
+        filters = parse_filters(filters)
+        browse.purge_expired(self)
+        if session is not None and not self.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
+            raise SessionNotFoundError(f"No session {session!r}. Save memories into it first, or recall without session_id to search all sessions.")
+        return depth, session, tag_list, filters
+
+    def _search(self, query: str, session: str | None, tag_list: list[str], filters: Filters, depth: int, *,
+                keyword: bool, dense: bool) -> Signals:
+        # The dense search (query embedding, then the vector scan) runs on a worker thread while FTS5 runs
+        # here: ONNX, numpy and SQLite release the GIL, so on two cores the steps overlap instead of adding up.
+        pending = _QUERY_POOL.submit(self._dense, query, session, tag_list, depth, filters) if dense else None
+        bm25 = tuple(self._bm25(query, session, tag_list, depth, filters)) if keyword else None
+        return Signals(query, session, tuple(tag_list), filters, depth, bm25, tuple(pending.result()) if pending else None)
 
     def _conversation_rerank(self, query: str, session: str | None, ranked: list, dense_hits: list, episode_weight: float,
                              neighbour_weight: float, speaker_boost: float, *, expand: bool) -> list:

@@ -45,6 +45,38 @@ def query_terms(text: str) -> list[str]:
     return terms
 
 
+@dataclass(frozen=True)
+class Signals:
+    """What one query's searches found, before fusion (``MemoryEngine.search``): BM25 and dense hits,
+    (id, score) best first, each ``depth`` deep; None for a list not searched. A recall given them
+    (``signals=``) fuses them instead of searching, so settings that only change fusion, floor, cliff
+    and budget can be tried on one search. A snapshot: valid while the store is unchanged."""
+
+    query: str
+    session_id: str | None
+    tags: tuple[str, ...]
+    filters: object  # a tinycontext.filters.Filters
+    depth: int
+    bm25: tuple[tuple[int, float], ...] | None
+    dense: tuple[tuple[int, float], ...] | None
+
+    def to_dict(self) -> dict:
+        """JSON-ready, e.g. to keep searches on disk; :meth:`from_dict` restores an equal object."""
+        return {"query": self.query, "session_id": self.session_id, "tags": list(self.tags), "filters": self.filters.to_dict(),
+                "depth": self.depth, "bm25": None if self.bm25 is None else [list(h) for h in self.bm25],
+                "dense": None if self.dense is None else [list(h) for h in self.dense]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Signals":
+        from .filters import parse_filters
+
+        def hits(found):
+            return None if found is None else tuple((int(i), float(score)) for i, score in found)
+
+        return cls(data["query"], data["session_id"], tuple(data["tags"]), parse_filters(data["filters"]), int(data["depth"]),
+                   hits(data["bm25"]), hits(data["dense"]))
+
+
 @dataclass
 class Candidate:
     id: int
