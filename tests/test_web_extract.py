@@ -65,6 +65,9 @@ def test_passages_are_original_text_with_offsets_and_bounded_size(name):
     for chunk in chunks:
         assert markdown[chunk.start:chunk.end] == chunk.text
         assert chunk.tokens <= 60 or "\n" not in chunk.text.strip()
+        # Units (what ranking also scores) are pieces of the passage, in order, not overlapping.
+        assert all(chunk.start <= a < b <= chunk.end for a, b in chunk.units)
+        assert all(b1 <= a2 for (_, b1), (a2, _) in zip(chunk.units, chunk.units[1:]))
     starts = [c.start for c in chunks]
     assert starts == sorted(starts)
     # Nothing but whitespace is left out between passages.

@@ -298,6 +298,28 @@ def test_a_passage_next_to_a_good_one_in_its_section_moves_up():
     assert dict(boosted)[1] == pytest.approx(0.1 + 0.5 * 0.5) and dict(boosted)[3] == 0.2
 
 
+def test_a_passage_whose_one_sentence_answers_moves_up():
+    """Scored whole, a long passage with one answering sentence ranks last; its sentence, read with its
+    heading path ("Bridges"), is the best unit of the page and lifts it (BM25 alone: no model needed)."""
+    from tinycontext.web.chunk import chunk_markdown
+    from tinycontext.web.rank import rank_chunks
+
+    sites = "".join(f"## Site {k}\n\nVisitors see Roman coins and pottery at site number {k}.\n\n" for k in range(20))
+    markdown = ("# Europe\n\n" + sites + "## Bridges\n\nTolls were collected at each end, and the guilds paid for the "
+                "upkeep every spring.\n\nCarts crossed them daily, the town grew around the market square, and fairs "
+                "were held there twice a year. The stone ones over the river date from Roman times.")
+    chunks = chunk_markdown(markdown, TokenCounter(), max_tokens=40)
+    answer = next(i for i, c in enumerate(chunks) if "Roman times" in c.text)
+    assert len(chunks[answer].units) == 2  # longer than half a passage: cut into its sentences
+
+    def place(unit_weight: float) -> int:
+        config = TinyContextConfig(scrape_unit_weight=unit_weight, scrape_neighbour_weight=0.0)
+        return [i for i, _ in rank_chunks("roman bridges", chunks, None, config)].index(answer)
+
+    assert place(0.0) == len(chunks) - 2  # passages alone: last of those that match (the h1 matches nothing)
+    assert place(0.5) < 10
+
+
 def test_links_that_share_no_word_with_the_query_are_left_out(loopback_only, web_config):
     with LocalServer({"/rivers": html(ARTICLE)}) as server:
         answer = scrape(web_config, [{"url": server.url("/rivers"), "query": "Volga basin population"}], 1000)

@@ -131,6 +131,9 @@ class TinyContextConfig(BaseModel):
     scrape_chunk_tokens: int = Field(160, ge=20, le=2000)
     # A ranked passage gains this share of its better same-section neighbour's score (evidence spanning passages).
     scrape_neighbour_weight: float = Field(0.5, ge=0.0, le=2.0)
+    # A ranked passage also gains this share of the score of its best paragraph or sentence (read with its
+    # heading path) ranked among all the page's; 0: passages are scored whole only (and units are not embedded).
+    scrape_unit_weight: float = Field(0.5, ge=0.0, le=2.0)
     # A PDF is read up to this many pages (its bytes are bounded by web_max_bytes).
     scrape_pdf_max_pages: int = Field(200, ge=1, le=10_000)
     # How scrape_urls fetches: plain HTTP, the browser (pages built by scripts), or auto (HTTP, then the

@@ -3,7 +3,9 @@
 Blocks are headings, paragraphs, list runs, tables and fenced code; a passage is a run of blocks
 of one section (the heading path stays the same), cut before it would pass ``max_tokens``. A block
 longer than that is cut at lines, then sentences, then words. Every chunk's text is exactly
-``markdown[start:end]``: original text, never rewritten.
+``markdown[start:end]``: original text, never rewritten. A passage also knows its units (its
+paragraphs, or their lines and sentences when a paragraph is longer than half a passage): ranking
+scores them too, so one sentence that answers is not drowned by the rest of its passage.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Chunk:
     heading_path: tuple[str, ...]
     tokens: int
     position: int = 0  # order in the page
+    units: tuple[tuple[int, int], ...] = ()  # (start, end) of its paragraphs / sentences, offsets into the page
 
 
 @dataclass
@@ -110,19 +113,36 @@ def _pieces(markdown: str, start: int, end: int, max_tokens: int, counter: Token
     return [(start, end)]  # one unbreakable token run: keep it whole rather than cut a word
 
 
+def _units(markdown: str, start: int, end: int, tokens: int, max_tokens: int) -> list[tuple[int, int]]:
+    """A piece of a block as ranking units: whole when it is at most ``max_tokens``, else its lines and sentences."""
+    if tokens <= max_tokens:
+        return [(start, end)]
+    text = markdown[start:end]
+    out = []
+    for line in re.finditer(r"[^\n]+", text):
+        bounds = [line.start(), *(line.start() + m.end() for m in SENTENCE_END.finditer(line.group())), line.end()]
+        for a, b in zip(bounds, bounds[1:]):
+            while b > a and text[b - 1].isspace():
+                b -= 1
+            if b > a:
+                out.append((start + a, start + b))
+    return out
+
+
 def chunk_markdown(markdown: str, counter: TokenCounter, *, max_tokens: int = 160) -> list[Chunk]:
     """Passages of ``markdown`` in page order (see the module docstring)."""
     chunks: list[Chunk] = []
     path: list[tuple[int, str]] = []
     cur: list[int] | None = None  # [start, end, tokens]
     cur_path: tuple[str, ...] = ()
+    units: list[tuple[int, int]] = []
 
     def flush():
-        nonlocal cur
+        nonlocal cur, units
         if cur is not None:
             text = markdown[cur[0]:cur[1]]
-            chunks.append(Chunk(text, cur[0], cur[1], cur_path, counter.count(text), len(chunks)))
-            cur = None
+            chunks.append(Chunk(text, cur[0], cur[1], cur_path, counter.count(text), len(chunks), tuple(units)))
+            cur, units = None, []
 
     for block in _blocks(markdown):
         if block.heading is not None:
@@ -137,8 +157,9 @@ def chunk_markdown(markdown: str, counter: TokenCounter, *, max_tokens: int = 16
             tokens = counter.count(markdown[start:end])
             if cur is not None and cur[2] + tokens + 1 <= max_tokens:
                 cur[1], cur[2] = end, cur[2] + tokens + 1
-                continue
-            flush()
-            cur = [start, end, tokens]
+            else:
+                flush()
+                cur = [start, end, tokens]
+            units.extend(_units(markdown, start, end, tokens, max_tokens // 2))
     flush()
     return chunks

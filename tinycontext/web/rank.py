@@ -3,18 +3,24 @@
 The same pieces as recall: an FTS5 table with the memory table's tokenizer and BM25 weights, the
 query built by :func:`tinycontext.retrieval.fts_query`, cosine similarity of the configured
 embedder's vectors, fused by :func:`tinycontext.retrieval.fuse` with the configured dense weight
-and RRF k. Nothing touches the memory database.
+and RRF k. Nothing touches the memory database. A passage is scored twice: as a whole, and by its
+best unit (paragraph or sentence, read with its heading path), so the one sentence that answers
+counts even in a passage about something else, and a sentence whose topic is only in its heading
+("## Bridges" ... "The stone ones date from Roman times") is read with that topic.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..config import TinyContextConfig
 from ..retrieval import fts_query, fuse
 from ..store import sqlite_driver
+
+if TYPE_CHECKING:
+    from .chunk import Chunk
 
 
 def bm25_ranking(query: str, texts: Sequence[str]) -> list[tuple[int, float]]:
@@ -52,6 +58,22 @@ def rank_passages(query: str, texts: Sequence[str], embedder, config: TinyContex
         vectors = np.asarray(embedder.embed_documents(list(texts)), dtype=np.float32)
         dense = dense_ranking(np.asarray(embedder.embed_query(query), dtype=np.float32), vectors)
     return [(c.id, c.rrf) for c in fuse(bm25, dense, dense_weight=weight, k=config.recall_rrf_k)]
+
+
+def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyContextConfig) -> list[tuple[int, float]]:
+    """(position, score) of the passages, best first: each passage's fused score plus ``scrape_unit_weight``
+    times the fused score of its best unit among all the page's units, then the neighbour boost."""
+    score = dict(rank_passages(query, [c.text for c in chunks], embedder, config))
+    if config.scrape_unit_weight > 0.0:
+        owners = [i for i, c in enumerate(chunks) for _ in c.units]
+        texts = [" > ".join(c.heading_path) + "\n" + c.text[s - c.start:e - c.start] if c.heading_path
+                 else c.text[s - c.start:e - c.start] for c in chunks for s, e in c.units]
+        best: dict[int, float] = {}
+        for unit, unit_score in rank_passages(query, texts, embedder, config):
+            best[owners[unit]] = max(best.get(owners[unit], 0.0), unit_score)
+        score = {i: score.get(i, 0.0) + config.scrape_unit_weight * best.get(i, 0.0) for i in score.keys() | best.keys()}
+    order = sorted(score.items(), key=lambda pair: (-pair[1], pair[0]))
+    return boost_neighbours(order, [c.heading_path for c in chunks], config.scrape_neighbour_weight)
 
 
 def boost_neighbours(order: Sequence[tuple[int, float]], sections: Sequence, weight: float) -> list[tuple[int, float]]:

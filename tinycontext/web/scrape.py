@@ -24,7 +24,7 @@ from .chunk import Chunk, chunk_markdown
 from .extract import ExtractedPage, Link, extract_page
 from .fetch import Fetcher, FetchResult, HttpFetcher
 from .present import scrape_page
-from .rank import bm25_ranking, boost_neighbours, rank_passages
+from .rank import bm25_ranking, rank_chunks, rank_passages
 
 MAX_ITEMS = 5
 MAX_QUERY_CHARS = 1000
@@ -116,8 +116,7 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
     result.markdown_tokens = counter.count(page.markdown)
     result.links = page.links
     if item.ranked:
-        order = rank_passages(item.query, [c.text for c in result.chunks], embedder, config)
-        order = boost_neighbours(order, [c.heading_path for c in result.chunks], config.scrape_neighbour_weight)
+        order = rank_chunks(item.query, result.chunks, embedder, config)
         result.chunks = [result.chunks[i] for i, _ in order]
         # Related links share a word with the query (navigation and sidebars do not, and would eat the
         # budget); those are ranked like passages.
