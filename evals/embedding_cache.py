@@ -69,6 +69,9 @@ class CachedEmbedder:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(path), timeout=60, check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode = WAL")
+        # A search embeds its queries one by one (as production does), one commit each: in WAL mode NORMAL
+        # skips the fsync per commit, and a power cut can only lose the last vectors, which are recomputed.
+        self._conn.execute("PRAGMA synchronous = NORMAL")
         self._conn.execute("CREATE TABLE IF NOT EXISTS vectors (key TEXT PRIMARY KEY, vector BLOB NOT NULL)")
         self._lock = threading.Lock()
         self._memory: dict[str, np.ndarray] = {}

@@ -592,14 +592,19 @@ class MemoryEngine:
 
     def _conversation_rerank(self, query: str, session: str | None, ranked: list, dense_hits: list, episode_weight: float,
                              neighbour_weight: float, speaker_boost: float, *, expand: bool) -> list:
-        ids = {c.id for c in ranked}
-        if neighbour_weight and expand:
-            ids |= {c.id + step for c in ranked for step in (-1, 1)}
-        info = {r[0]: (r[1], r[2]) for r in self.store.read(
-            "SELECT id, episode_id, speaker FROM memories WHERE id IN (SELECT value FROM json_each(?)) "
-            "AND (episode_id IS NOT NULL OR speaker IS NOT NULL)", (json.dumps(sorted(ids)),))}
-        if not info.keys() & {c.id for c in ranked}:  # no conversation turns among the candidates: nothing to re-score
+        def turns(ids) -> dict[int, tuple]:
+            return {r[0]: (r[1], r[2]) for r in self.store.read(
+                "SELECT id, episode_id, speaker FROM memories WHERE id IN (SELECT value FROM json_each(?)) "
+                "AND (episode_id IS NOT NULL OR speaker IS NOT NULL)", (json.dumps(ids),))}
+
+        candidates = [c.id for c in ranked]
+        # The candidates first: without conversation turns among them there is nothing to re-score,
+        # and their neighbours need not be read.
+        info = turns(candidates)
+        if not info:
             return ranked
+        if neighbour_weight and expand:
+            info.update(turns(sorted({i + step for i in candidates for step in (-1, 1)}.difference(candidates))))
         has_episodes = any(e is not None for e, _ in info.values())
         episode_hits = conversation.episode_bm25(self.store, query, session, self.config.fts_tokenizer) if episode_weight and has_episodes else []
         return conversation.rerank(ranked, info, query=query, episode_hits=episode_hits, dense_hits=dense_hits,
