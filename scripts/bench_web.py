@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from web_evidence import PageServer, locomo_site  # noqa: E402
-from tinycontext import TinyContextConfig  # noqa: E402
+from tinycontext import load_config  # noqa: E402
 from tinycontext.embedders import create_embedder  # noqa: E402
 from tinycontext.web import ascrape_urls  # noqa: E402
 
@@ -45,7 +45,8 @@ def main() -> None:
     pages = {f"/{name}.html": (fixtures / f"{name}.html").read_bytes() for name in QUERIES}
     locomo = locomo_site(ROOT.parent / "shared" / "datasets" / "locomo" / "locomo-dev.json", [1, 2, 3, 4], stride=1)
     pages.update(locomo.pages)
-    config = TinyContextConfig(allow_private_hosts=True)
+    # load_config: TINYCONTEXT_* variables apply, as in a server process (e.g. TINYCONTEXT_SCRAPE_UNIT_WEIGHT=0).
+    config = load_config(allow_private_hosts=True)
     timings: dict[str, list[float]] = {}
     with PageServer(pages) as server:
         sets = {"5 fixture pages": [{"url": f"{server.base_url}/{n}.html", "query": q} for n, q in QUERIES.items()],
