@@ -299,6 +299,7 @@ def main(cfg: DictConfig) -> None:
     config = TinyContextConfig(allow_private_hosts=True, embedding_cache_size=cfg.embedding_cache_size,
                                scrape_chunk_tokens=cfg.chunk_tokens,
                                scrape_neighbour_weight=cfg.neighbour_weight, scrape_unit_weight=cfg.unit_weight,
+                               scrape_unit_candidates=cfg.unit_candidates,
                                **({"embedding_model": cfg.embedding_model} if cfg.embedding_model else {}))
     pages = {path: body for site in sites for path, body in site.pages.items()}
     rows: list[dict] = []

@@ -320,6 +320,42 @@ def test_a_passage_whose_one_sentence_answers_moves_up():
     assert place(0.5) < 10
 
 
+def test_only_the_units_of_the_best_passages_are_embedded():
+    """Units are ranked page-wide by BM25, but only those of the scrape_unit_candidates best passages are
+    embedded (the cost of a cold page); an answering sentence outside them still lifts its passage."""
+    from tinycontext.web.chunk import chunk_markdown
+    from tinycontext.web.rank import rank_chunks, rank_passages
+
+    class CountingEmbedder(HashEmbedder):
+        def __init__(self):
+            super().__init__()
+            self.documents: list[str] = []
+
+        def embed_documents(self, texts, progress=False):
+            self.documents += texts
+            return super().embed_documents(texts)
+
+    sites = "".join(f"## Site {k}\n\nVisitors see Roman coins and pottery at site number {k}.\n\n" for k in range(20))
+    markdown = ("# Europe\n\n" + sites + "## Bridges\n\nTolls were collected at each end, and the guilds paid for the "
+                "upkeep every spring.\n\nCarts crossed them daily, the town grew around the market square, and fairs "
+                "were held there twice a year. The stone ones over the river date from Roman times.")
+    chunks = chunk_markdown(markdown, TokenCounter(), max_tokens=40)
+    answer = next(i for i, c in enumerate(chunks) if "Roman times" in c.text)
+    config = TinyContextConfig(scrape_unit_candidates=3, scrape_neighbour_weight=0.0)
+    best = [i for i, _ in rank_passages("roman bridges", [c.text for c in chunks], HashEmbedder(), config)[:3]]
+    assert answer not in best
+
+    embedder = CountingEmbedder()
+    order = [i for i, _ in rank_chunks("roman bridges", chunks, embedder, config)]
+    units = embedder.documents[len(chunks):]  # after the passages themselves
+    assert embedder.documents[:len(chunks)] == [c.text for c in chunks]
+    assert len(units) == sum(len(chunks[i].units) for i in best) < sum(len(c.units) for c in chunks)
+    assert all(any(unit.split("\n", 1)[1] in chunks[i].text for i in best) for unit in units)
+    passages_alone = [i for i, _ in rank_chunks("roman bridges", chunks, HashEmbedder(),
+                                                 config.model_copy(update={"scrape_unit_weight": 0.0}))]
+    assert order.index(answer) < passages_alone.index(answer)  # its sentence still counts, by BM25
+
+
 def test_links_that_share_no_word_with_the_query_are_left_out(loopback_only, web_config):
     with LocalServer({"/rivers": html(ARTICLE)}) as server:
         answer = scrape(web_config, [{"url": server.url("/rivers"), "query": "Volga basin population"}], 1000)

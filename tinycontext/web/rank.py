@@ -48,32 +48,45 @@ def dense_ranking(query_vector: np.ndarray, vectors: np.ndarray) -> list[tuple[i
     return [(i, float(scores[i])) for i in order]
 
 
-def rank_passages(query: str, texts: Sequence[str], embedder, config: TinyContextConfig) -> list[tuple[int, float]]:
+def rank_passages(query: str, texts: Sequence[str], embedder, config: TinyContextConfig,
+                  embed: Sequence[int] | None = None) -> list[tuple[int, float]]:
     """(position, fused score) of every passage, best first, as recall would rank them (BM25 alone
-    without an embedder)."""
+    without an embedder). ``embed``: the positions whose texts are embedded (default: all); the
+    others are ranked by BM25 alone."""
     weight = config.recall_dense_weight if embedder is not None else 0.0
     bm25 = bm25_ranking(query, texts) if weight < 1.0 else []
     dense = []
-    if weight > 0.0 and texts:
-        vectors = np.asarray(embedder.embed_documents(list(texts)), dtype=np.float32)
-        dense = dense_ranking(np.asarray(embedder.embed_query(query), dtype=np.float32), vectors)
+    positions = range(len(texts)) if embed is None else list(embed)
+    if weight > 0.0 and positions:
+        vectors = np.asarray(embedder.embed_documents([texts[i] for i in positions]), dtype=np.float32)
+        query_vector = np.asarray(embedder.embed_query(query), dtype=np.float32)
+        dense = [(positions[j], score) for j, score in dense_ranking(query_vector, vectors)]
     return [(c.id, c.rrf) for c in fuse(bm25, dense, dense_weight=weight, k=config.recall_rrf_k)]
 
 
 def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyContextConfig) -> list[tuple[int, float]]:
     """(position, score) of the passages, best first: each passage's fused score plus ``scrape_unit_weight``
-    times the fused score of its best unit among all the page's units, then the neighbour boost."""
-    score = dict(rank_passages(query, [c.text for c in chunks], embedder, config))
+    times the fused score of its best unit among all the page's units, then the neighbour boost.
+
+    Units are ranked page-wide by BM25, but only those of the ``scrape_unit_candidates`` best passages
+    (fused score and neighbour boost) are embedded: a passage far down the page's order is rarely lifted
+    into what fits, and embedding every unit of a long page costs more than its passages."""
+    passages = rank_passages(query, [c.text for c in chunks], embedder, config)
+    sections = [c.heading_path for c in chunks]
+    score = dict(passages)
     if config.scrape_unit_weight > 0.0:
+        candidates = {i for i, _ in boost_neighbours(passages, sections, config.scrape_neighbour_weight)
+                      [:config.scrape_unit_candidates]}
         owners = [i for i, c in enumerate(chunks) for _ in c.units]
         texts = [" > ".join(c.heading_path) + "\n" + c.text[s - c.start:e - c.start] if c.heading_path
                  else c.text[s - c.start:e - c.start] for c in chunks for s, e in c.units]
+        embed = [u for u, owner in enumerate(owners) if owner in candidates]
         best: dict[int, float] = {}
-        for unit, unit_score in rank_passages(query, texts, embedder, config):
+        for unit, unit_score in rank_passages(query, texts, embedder, config, embed=embed):
             best[owners[unit]] = max(best.get(owners[unit], 0.0), unit_score)
         score = {i: score.get(i, 0.0) + config.scrape_unit_weight * best.get(i, 0.0) for i in score.keys() | best.keys()}
     order = sorted(score.items(), key=lambda pair: (-pair[1], pair[0]))
-    return boost_neighbours(order, [c.heading_path for c in chunks], config.scrape_neighbour_weight)
+    return boost_neighbours(order, sections, config.scrape_neighbour_weight)
 
 
 def boost_neighbours(order: Sequence[tuple[int, float]], sections: Sequence, weight: float) -> list[tuple[int, float]]:
