@@ -298,11 +298,10 @@ def test_a_passage_next_to_a_good_one_in_its_section_moves_up():
     assert dict(boosted)[1] == pytest.approx(0.1 + 0.5 * 0.5) and dict(boosted)[3] == 0.2
 
 
-def test_a_passage_whose_one_sentence_answers_moves_up():
-    """Scored whole, a long passage with one answering sentence ranks last; its sentence, read with its
-    heading path ("Bridges"), is the best unit of the page and lifts it (BM25 alone: no model needed)."""
+def roman_bridges_page():
+    """Passages of a page whose answer to "roman bridges" is one sentence at the end of a long passage under
+    "Bridges", after 20 sections that each match "roman"; and that passage's position."""
     from tinycontext.web.chunk import chunk_markdown
-    from tinycontext.web.rank import rank_chunks
 
     sites = "".join(f"## Site {k}\n\nVisitors see Roman coins and pottery at site number {k}.\n\n" for k in range(20))
     markdown = ("# Europe\n\n" + sites + "## Bridges\n\nTolls were collected at each end, and the guilds paid for the "
@@ -310,6 +309,15 @@ def test_a_passage_whose_one_sentence_answers_moves_up():
                 "were held there twice a year. The stone ones over the river date from Roman times.")
     chunks = chunk_markdown(markdown, TokenCounter(), max_tokens=40)
     answer = next(i for i, c in enumerate(chunks) if "Roman times" in c.text)
+    return chunks, answer
+
+
+def test_a_passage_whose_one_sentence_answers_moves_up():
+    """Scored whole, a long passage with one answering sentence ranks last; its sentence, read with its
+    heading path ("Bridges"), is the best unit of the page and lifts it (BM25 alone: no model needed)."""
+    from tinycontext.web.rank import rank_chunks
+
+    chunks, answer = roman_bridges_page()
     assert len(chunks[answer].units) == 2  # longer than half a passage: cut into its sentences
 
     def place(unit_weight: float) -> int:
@@ -323,7 +331,6 @@ def test_a_passage_whose_one_sentence_answers_moves_up():
 def test_only_the_units_of_the_best_passages_are_embedded():
     """Units are ranked page-wide by BM25, but only those of the scrape_unit_candidates best passages are
     embedded (the cost of a cold page); an answering sentence outside them still lifts its passage."""
-    from tinycontext.web.chunk import chunk_markdown
     from tinycontext.web.rank import rank_chunks, rank_passages
 
     class CountingEmbedder(HashEmbedder):
@@ -335,12 +342,7 @@ def test_only_the_units_of_the_best_passages_are_embedded():
             self.documents += texts
             return super().embed_documents(texts)
 
-    sites = "".join(f"## Site {k}\n\nVisitors see Roman coins and pottery at site number {k}.\n\n" for k in range(20))
-    markdown = ("# Europe\n\n" + sites + "## Bridges\n\nTolls were collected at each end, and the guilds paid for the "
-                "upkeep every spring.\n\nCarts crossed them daily, the town grew around the market square, and fairs "
-                "were held there twice a year. The stone ones over the river date from Roman times.")
-    chunks = chunk_markdown(markdown, TokenCounter(), max_tokens=40)
-    answer = next(i for i, c in enumerate(chunks) if "Roman times" in c.text)
+    chunks, answer = roman_bridges_page()
     config = TinyContextConfig(scrape_unit_candidates=3, scrape_neighbour_weight=0.0)
     best = [i for i, _ in rank_passages("roman bridges", [c.text for c in chunks], HashEmbedder(), config)[:3]]
     assert answer not in best
