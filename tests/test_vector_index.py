@@ -292,7 +292,7 @@ def _overlap(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> flo
 def test_quantized_session_close_to_brute_force(filled, monkeypatch, tags):
     """Sessions over vector_cache_max are held as sign bits + int8 codes: the top hits are those
     of exact search and the scores within int8 error of the exact cosines."""
-    monkeypatch.setattr(vector_index, "PRESELECT", 40)  # a real pre-selection out of 150
+    monkeypatch.setattr(vector_index, "RESCORE_MIN", 100)  # a real pre-selection out of 150 (48 random bits: weak)
     with MemoryEngine(_config(filled, vector_cache_max=100), embedder=SpreadEmbedder()) as eng:
         overlaps = []
         for query in ("alpha bravo", "zulu tango lima", "kilo", "mike november oscar papa"):

@@ -105,8 +105,9 @@ class TinyContextConfig(BaseModel):
     max_batch_size: int = Field(1000, ge=1)
     # Vectors held in RAM for fast exact dense search (0: always query sqlite-vec); bigger sessions use sqlite-vec.
     vector_cache_max: int = Field(200_000, ge=0)
-    # Bigger sessions are held quantised (sign bits + int8 codes, ~440 bytes a vector) up to this many vectors.
-    vector_quantized_max: int = Field(2_000_000, ge=0)
+    # Bigger sessions are searched in two stages up to this many vectors: sign bits in RAM (~56 bytes a
+    # vector with its id), int8 codes read from the database for the candidates (tinycontext/vector_index.py).
+    vector_quantized_max: int = Field(20_000_000, ge=0)
     # Read-only connections recall and other reads use at once (WAL: they do not wait for each other or
     # for a write); 0: reads share the write connection.
     read_connections: int = Field(4, ge=0, le=64)

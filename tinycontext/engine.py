@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import browse, conversation, keyword, language, when
+from . import browse, codes, conversation, keyword, language, when
 from .budget import TokenCounter, fit_budget
 from .config import TinyContextConfig
 from .embedders import EmbedderProtocol
@@ -36,7 +36,7 @@ from .filters import Filters, expiry, parse_filters
 from .render import Page, check_agent_budget, check_detail, recall_page
 from .fts_budget import bounded_match
 from .retrieval import Signals, cliff_cut, fuse, relevance_floor
-from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory, typed_storage_errors
+from .store import MEMORY_COLUMNS, Store, insert_vectors, now_iso, row_to_memory, typed_storage_errors
 from .vector_index import VectorIndex
 
 DEFAULT_SESSION = "default"
@@ -377,12 +377,13 @@ class MemoryEngine:
                          for h in restored.history])
                 conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(mid, t) for t in item.tags])
                 if vector is not None:
-                    conn.execute("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)", (mid, session, vector.tobytes()))
                     batch_kept.append((mid, vector))
                 batch_seen[digest] = mid
                 saved.append({"index": i, "id": mid, "tokens": tokens[i]})
             if batch_kept:
-                self.index.add(session, [mid for mid, _ in batch_kept], np.stack([v for _, v in batch_kept]))
+                kept_ids, kept_vectors = [mid for mid, _ in batch_kept], np.stack([v for _, v in batch_kept])
+                insert_vectors(conn, kept_ids, session, kept_vectors)
+                self.index.add(session, kept_ids, kept_vectors)
             conversation.index_episodes(conn, episodes.values())
         return {
             "session_id": session,
@@ -783,10 +784,12 @@ class MemoryEngine:
             conn.executemany("INSERT INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(memory_id, t) for t in new_tags])
             if vector is not None and new_content != row[1]:
                 conn.execute("UPDATE memory_vectors SET embedding = ? WHERE memory_id = ?", (vector.tobytes(), memory_id))
+                codes.put(conn, [memory_id], row[6], vector[None, :])
                 self.index.replace(row[6], memory_id, vector)
             elif self.embedder is None and new_content != row[1]:
                 # Keyword-only: the old vector no longer matches; reindex embeds the new text.
                 conn.execute("DELETE FROM memory_vectors WHERE memory_id = ?", (memory_id,))
+                codes.drop(conn, row[6], [memory_id])
                 self.index.remove(row[6], memory_id)
         return self.get(memory_id)
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import conversation
 from .errors import ModelUnavailableError
+from .store import insert_vectors
 
 if TYPE_CHECKING:
     from .config import TinyContextConfig
@@ -91,10 +92,9 @@ def backfill(store: "Store", embedder: "EmbedderProtocol") -> int:
         texts = [conversation.stored_embedding_text(*r[2:]) for r in rows]
         vectors = np.asarray(embedder.embed_documents(texts, progress=True), np.float32)
         with store.write() as conn:
-            for (memory_id, session, *_), vector in zip(rows, vectors):
-                # The memory may have been deleted or embedded by another process meanwhile.
-                if conn.execute("SELECT 1 FROM memories WHERE id = ?", (memory_id,)).fetchone() and \
-                        not conn.execute("SELECT 1 FROM memory_vectors WHERE memory_id = ?", (memory_id,)).fetchone():
-                    conn.execute("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)",
-                                 (memory_id, session, vector.tobytes()))
-                    total += 1
+            # The memory may have been deleted or embedded by another process meanwhile.
+            todo = [i for i, (memory_id, *_) in enumerate(rows)
+                    if conn.execute("SELECT 1 FROM memories WHERE id = ?", (memory_id,)).fetchone()
+                    and not conn.execute("SELECT 1 FROM memory_vectors WHERE memory_id = ?", (memory_id,)).fetchone()]
+            insert_vectors(conn, [rows[i][0] for i in todo], [rows[i][1] for i in todo], vectors[todo])
+            total += len(todo)

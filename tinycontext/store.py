@@ -22,10 +22,11 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from . import codes
 from .conversation import EMBEDDING_COLUMNS, stored_embedding_text
 from .errors import ModelMismatchError, StorageError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # What reindexing reads: each memory's id, session and the text its vector embeds (as save does).
 _EMBED_ROWS = f"SELECT id, session_id, {EMBEDDING_COLUMNS} FROM memories ORDER BY id"
 BUSY_TIMEOUT_MS = 10_000
@@ -164,7 +165,32 @@ MIGRATIONS: dict[int, str] = {
     # v6: a session's first and last id in O(log n), so BM25 can be limited to that id range
     # (see Store.session_span) instead of scoring every session's matches.
     6: "CREATE INDEX IF NOT EXISTS memories_session_id ON memories(session_id, id);",
+    # v7: compact codes of every vector for the two-stage dense search (tinycontext/codes.py), built
+    # here for the vectors already stored; deleting a memory deletes its codes.
+    7: lambda conn: _add_codes(conn),
 }
+
+
+def _add_codes(conn) -> None:
+    conn.execute("CREATE TABLE memory_bits (session_id TEXT NOT NULL, memory_id INTEGER NOT NULL, bits BLOB NOT NULL, "
+                 "PRIMARY KEY (session_id, memory_id)) WITHOUT ROWID")
+    conn.execute("CREATE TABLE memory_codes (memory_id INTEGER PRIMARY KEY, codes BLOB NOT NULL)")
+    conn.execute("CREATE TRIGGER memories_codes_ad AFTER DELETE ON memories BEGIN "
+                 "DELETE FROM memory_bits WHERE session_id = old.session_id AND memory_id = old.id; "
+                 "DELETE FROM memory_codes WHERE memory_id = old.id; END")
+    codes.backfill(conn)
+
+
+def insert_vectors(conn, ids, sessions, vectors: np.ndarray) -> None:
+    """Store new memories' vectors (``sessions``: one per id, or one for all) and their codes, inside
+    the caller's write transaction: the one way vectors are added, so the codes always follow."""
+    if not len(ids):
+        return
+    sessions = [sessions] * len(ids) if isinstance(sessions, str) else list(sessions)
+    vectors = np.asarray(vectors, np.float32)
+    conn.executemany("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)",
+                     zip([int(i) for i in ids], sessions, map(bytes, vectors)))
+    codes.put(conn, ids, sessions, vectors)
 
 
 def _never_reuse_ids(conn) -> None:
@@ -405,15 +431,13 @@ class Store:
             if latest != rows:
                 rows, vectors = latest, embed_all([stored_embedding_text(*r[2:]) for r in latest])
             conn.execute("DROP TABLE IF EXISTS memory_vectors")
+            codes.clear(conn)
             conn.execute(
                 "CREATE VIRTUAL TABLE memory_vectors USING vec0("
                 "memory_id INTEGER PRIMARY KEY, session_id TEXT PARTITION KEY, "
                 f"embedding FLOAT[{int(identity['dimensions'])}] distance_metric=cosine)"
             )
-            conn.executemany(
-                "INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)",
-                [(r[0], r[1], v.astype(np.float32).tobytes()) for r, v in zip(rows, vectors)],
-            )
+            insert_vectors(conn, [r[0] for r in rows], [r[1] for r in rows], vectors)
             conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('embedder', ?)", (json.dumps(identity, sort_keys=True),))
         return len(rows)
 

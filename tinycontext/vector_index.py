@@ -18,25 +18,32 @@ The copy stays exact:
   100k), so it pays off after a few queries, not on every one.
 
 Sessions larger than ``max_vectors`` (the ``vector_cache_max`` setting; 0 disables the copy) are
-held quantised instead, up to ``quantized_max`` vectors (``vector_quantized_max``; 0: never): per
-vector 48 bytes of sign bits and 384 int8 codes with a scale, ~440 bytes against 1,536 for float32,
-so a million memories take ~440 MB. A search ranks every vector by Hamming distance of the sign
-bits and rescores the best PRESELECT by their int8 codes; scores are those int8 cosines (the
-benchmark scripts/bench_scale.py checks the top 10 against exact search). Sessions larger still,
+searched in two stages over the compact codes every vector has beside it (tinycontext/codes.py),
+up to ``quantized_max`` vectors (``vector_quantized_max``; 0: never): the sign bits of all the
+session's rows are held in RAM (48 bytes a vector at 384 dimensions: 10M vectors take ~560 MB with
+their ids) and scanned by Hamming distance (faiss, one thread, filters applied inside the scan as a
+bitmap); the best :func:`rescore_depth` are rescored by their int8 codes, read from ``memory_codes``
+by id (the int8 codes stay on disk, in the SQLite file, so RSS does not grow with them). Scores are
+those int8 cosines, within ~1e-3 of the exact ones; tests/test_vector_codes.py checks recall@10
+against exact float search, scripts/bench_scale.py measures it at 100k-10M. Sessions larger still,
 and searches across all sessions when they hold more than ``max_vectors``, return None and the
 caller queries vec0.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import faiss
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from . import codes
+from .codes import unit as _unit
 from .store import Store
 
 # Near-duplicate checks multiply the batch against the session in slices of at most this many
@@ -44,10 +51,11 @@ from .store import Store
 NEAREST_CHUNK = 16_000_000
 # Rows fetched from sqlite-vec per slice when loading.
 LOAD_SLICE = 8192
-# Quantised sessions: candidates kept by Hamming distance (at least; 50 per requested hit), and
-# rows per slice of the Hamming scan (bounded temporaries, cache-sized).
-PRESELECT = 10_000
-HAMMING_SLICE = 65_536
+# Quantised sessions: candidates the Hamming stage keeps for int8 rescoring (at least RESCORE_MIN,
+# RESCORE_PER_HIT per requested hit); chosen for recall@10 >= 0.99 against exact search at 100k-10M
+# (notes/bench_scale.md).
+RESCORE_MIN = 1000
+RESCORE_PER_HIT = 10
 
 # Products run on one BLAS thread: OpenBLAS workers keep spinning after a multi-threaded product
 # and starve the ONNX query embedding that runs next (10k recall with a fresh query: 40 ms against
@@ -60,13 +68,6 @@ _BLAS_LOCK = threading.Lock()  # limit() sets a process-wide value and restores 
 def _one_blas_thread() -> Iterator[None]:
     with _BLAS_LOCK, _BLAS.limit(limits=1):
         yield
-
-
-def _unit(vectors: np.ndarray) -> np.ndarray:
-    """Rows scaled to length 1 (zero rows stay zero), as vec0's cosine distance sees them."""
-    vectors = np.asarray(vectors, np.float32)
-    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
-    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
 
 
 class _Block:
@@ -111,101 +112,88 @@ class _Block:
 
 
 class _QuantBlock:
-    """A session held quantised: sign bits and int8 codes (one scale per row) of each vector's
-    offset from a fixed centre (the mean of the first rows loaded): embeddings share a common
-    direction, so the offsets spread the bits and are smaller, which makes the int8 steps finer."""
+    """A session held as sign bits (tinycontext/codes.py) for the two-stage search: every row's
+    bits in RAM (48 bytes at 384 dimensions), its int8 codes read from ``memory_codes`` for the
+    candidates only. Rows are in ``memory_bits`` order (by id) as loaded, appends after them."""
 
     quantized = True
 
-    def __init__(self, expected: int = 0):
+    def __init__(self, expected: int = 0, centre: np.ndarray | None = None):
         self.n = 0
         self._expected = expected
-        self.center: np.ndarray | None = None
+        self.centre = centre
         self._ids = np.zeros(0, np.int64)
-        self._bits = np.zeros((0, 0), np.uint64)  # word-major (words x capacity): the scan runs along rows
-        self._codes = np.zeros((0, 0), np.int8)
-        self._scales = np.zeros(0, np.float32)
+        self._bits = np.zeros((0, 0), np.uint8)
 
     @property
     def ids(self) -> np.ndarray:
         return self._ids[: self.n]
 
-    def signs(self, rows: np.ndarray) -> np.ndarray:
-        bits = np.packbits(rows - self.center > 0, axis=-1)
-        pad = (-bits.shape[-1]) % 8
-        if pad:
-            bits = np.concatenate([bits, np.zeros(bits.shape[:-1] + (pad,), np.uint8)], axis=-1)
-        return np.ascontiguousarray(bits).view(np.uint64)
-
-    def _quantise(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # Codes of the offset from the centre: smaller values, so finer int8 steps.
-        rows = rows - self.center
-        scales = np.abs(rows).max(axis=1) / 127.0
-        codes = np.rint(np.divide(rows, scales[:, None], out=np.zeros_like(rows), where=scales[:, None] > 0))
-        return codes.astype(np.int8), scales.astype(np.float32)
-
-    def append(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        if self.center is None:
-            self.center = rows.mean(axis=0).astype(np.float32)
-        bits = self.signs(rows)
-        codes, scales = self._quantise(rows)
+    def append_bits(self, ids: np.ndarray, bits: np.ndarray) -> None:
         need = self.n + len(ids)
         if need > len(self._ids):
             capacity = max(need, self.n + self.n // 8, self._expected, 64)
-
-            def grow(old: np.ndarray, shape: tuple) -> np.ndarray:
-                new = np.zeros((capacity, *shape), old.dtype)
-                new[: self.n] = old[: self.n]
-                return new
-            self._ids, self._scales = grow(self._ids, ()), grow(self._scales, ())
-            self._bits = grow(self._bits.T if self.n else np.zeros((0, bits.shape[1]), np.uint64), bits.shape[1:]).T.copy()
-            self._codes = grow(self._codes if self.n else np.zeros((0, codes.shape[1]), np.int8), codes.shape[1:])
-        sl = slice(self.n, need)
-        self._ids[sl], self._bits[:, sl], self._codes[sl], self._scales[sl] = ids, bits.T, codes, scales
+            grown = np.zeros((capacity, bits.shape[1]), np.uint8)
+            if self.n:
+                grown[: self.n] = self._bits[: self.n]
+            self._bits = grown
+            self._ids = np.concatenate([self.ids, np.zeros(capacity - self.n, np.int64)])
+        self._ids[self.n:need], self._bits[self.n:need] = ids, bits
         self.n = need
 
+    def append(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        self.append_bits(ids, codes.sign_bits(rows, self.centre))
+
     def replace(self, memory_id: int, row: np.ndarray) -> None:
-        at = np.flatnonzero(self.ids == memory_id)
-        if len(at):
-            codes, scales = self._quantise(row[None, :])
-            self._bits[:, at], self._codes[at], self._scales[at] = self.signs(row[None, :]).T, codes, scales
+        self._bits[np.flatnonzero(self.ids == memory_id)] = codes.sign_bits(row[None, :], self.centre)
 
     def remove(self, memory_id: int) -> None:
         for i in np.flatnonzero(self.ids == memory_id)[::-1]:
             last = self.n - 1
-            for arr in (self._ids, self._bits.T, self._codes, self._scales):
-                arr[i] = arr[last]
+            self._ids[i], self._bits[i] = self._ids[last], self._bits[last]
             self.n = last
 
-    def scores(self, query: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Cosine with the unit ``query`` from the int8 codes of the rows at ``positions``."""
-        return (self._codes[positions].astype(np.float32) @ query) * self._scales[positions] + float(self.center @ query)
+    def search(self, conn, query: np.ndarray, count: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """About ``count`` (id, cosine) of the rows most similar to the unit ``query``, best first:
+        the :func:`rescore_depth` nearest by Hamming distance (only rows where ``mask`` is set,
+        skipped inside the scan), rescored by their int8 codes."""
+        allowed = self.n if mask is None else int(mask.sum())
+        depth = min(allowed, rescore_depth(count))
+        if depth <= 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        selector = None
+        if mask is not None:
+            bitmap = np.packbits(mask, bitorder="little")
+            selector = faiss.IDSelectorBitmap(self.n, faiss.swig_ptr(bitmap))
+        distances = np.empty((1, depth), np.int32)
+        positions = np.empty((1, depth), np.int64)
+        heap = faiss.int_maxheap_array_t()
+        heap.k, heap.nh, heap.ids, heap.val = depth, 1, faiss.swig_ptr(positions), faiss.swig_ptr(distances)
+        q_bits = np.ascontiguousarray(codes.sign_bits(query[None, :], self.centre))
+        bits = self._bits[: self.n]
+        _one_faiss_thread()
+        faiss.hammings_knn_hc(heap, faiss.swig_ptr(q_bits), faiss.swig_ptr(bits), self.n, bits.shape[1], 0, faiss.EXACT_TOPK, selector)
+        found = positions[0][positions[0] >= 0]
+        ids = self.ids[found]
+        packed = dict(conn.execute("SELECT memory_id, codes FROM memory_codes WHERE memory_id IN (SELECT value FROM json_each(?))",
+                                   (json.dumps(ids.tolist()),)).fetchall())
+        ids = np.array([i for i in ids.tolist() if i in packed], np.int64)  # a code missing: the stamp catches that change
+        if not len(ids):
+            return ids, np.zeros(0, np.float32)
+        matrix = np.frombuffer(b"".join(packed[i] for i in ids.tolist()), np.uint8).reshape(len(ids), -1)
+        return ids, codes.scores(matrix, query, self.centre)
 
-    def candidates(self, query: np.ndarray, count: int, mask: np.ndarray | None) -> np.ndarray:
-        """Row positions of about ``count`` rows most similar to the unit ``query`` by their int8
-        codes, among the PRESELECT (or more) nearest by Hamming distance; best first."""
-        n = self.n
-        if mask is not None:
-            n_allowed = int(mask.sum())
-            if n_allowed == 0:
-                return np.zeros(0, np.int64)
-        q_bits = self.signs(query[None, :])[0]
-        distance = np.empty(n, np.uint16)
-        for start in range(0, n, HAMMING_SLICE):
-            end = min(n, start + HAMMING_SLICE)
-            total = distance[start:end]
-            total[:] = 0
-            for word, q_word in zip(self._bits[:, start:end], q_bits):
-                total += np.bitwise_count(word ^ q_word)
-        if mask is not None:
-            distance[~mask] = np.iinfo(np.uint16).max
-            n = n_allowed
-        keep = min(n, max(PRESELECT, 50 * count))
-        pre = np.argpartition(distance, keep - 1)[:keep] if keep < len(distance) else np.flatnonzero(distance < np.iinfo(np.uint16).max)
-        approx = self.scores(query, pre)
-        count = min(count, len(pre))
-        best = np.argpartition(-approx, count - 1)[:count] if count < len(pre) else np.arange(len(pre))
-        return pre[best[np.argsort(-approx[best], kind="stable")]]
+
+def rescore_depth(count: int) -> int:
+    """Candidates the Hamming stage keeps for ``count`` hits: RESCORE_MIN, or RESCORE_PER_HIT each."""
+    return max(RESCORE_MIN, RESCORE_PER_HIT * count)
+
+
+def _one_faiss_thread() -> None:
+    # faiss's OpenMP workers spin between calls like OpenBLAS's (see _one_blas_thread); one query is
+    # one pass over the bits, bound by memory bandwidth.
+    if faiss.omp_get_max_threads() != 1:
+        faiss.omp_set_num_threads(1)
 
 
 class VectorIndex:
@@ -322,8 +310,20 @@ class VectorIndex:
             del self._blocks[oldest]
             self._complete = False
         # Headroom for the session's next saves, so they append without copying the matrix.
-        loaded = self._read(" WHERE session_id = ?", (session,), lambda _: session, expected=count + count // 8, kind=kind)
-        block = self._blocks[session] = loaded.get(session) or kind()
+        if quantized:
+            block = self._read_bits(session, expected=count + count // 8)
+        else:
+            block = self._read(" WHERE session_id = ?", (session,), lambda _: session, expected=count + count // 8).get(session) or _Block()
+        self._blocks[session] = block
+        return block
+
+    def _read_bits(self, session: str, expected: int) -> _QuantBlock:
+        """A session's sign bits from ``memory_bits`` (one range scan of its primary key)."""
+        block = _QuantBlock(expected, codes.centre(self.store.conn))
+        cursor = self.store.conn.execute("SELECT memory_id, bits FROM memory_bits WHERE session_id = ?", (session,))
+        while rows := cursor.fetchmany(LOAD_SLICE * 8):
+            bits = np.frombuffer(b"".join(r[1] for r in rows), np.uint8).reshape(len(rows), -1)
+            block.append_bits(np.array([r[0] for r in rows], np.int64), bits)
         return block
 
     def _all(self) -> list[_Block] | None:
@@ -338,8 +338,7 @@ class VectorIndex:
             self._complete = True
         return list(self._blocks.values())
 
-    def _read(self, where: str, params: tuple, session_of: Callable[[int], str | None], expected: int = 0,
-              kind: type = _Block) -> dict[str, _Block]:
+    def _read(self, where: str, params: tuple, session_of: Callable[[int], str | None], expected: int = 0) -> dict[str, _Block]:
         """Blocks per session from ``memory_vectors``, fetched in slices so the raw rows never
         take more memory than one slice."""
         cursor = self.store.conn.execute("SELECT memory_id, embedding FROM memory_vectors" + where, params)
@@ -355,7 +354,7 @@ class VectorIndex:
                 blobs.append(blob)
             for session, (ids, blobs) in groups.items():
                 vectors = np.frombuffer(b"".join(blobs), np.float32).reshape(len(blobs), -1)
-                blocks.setdefault(session, kind(expected)).append(np.asarray(ids, np.int64), _unit(vectors))
+                blocks.setdefault(session, _Block(expected)).append(np.asarray(ids, np.int64), _unit(vectors))
         return blocks
 
     # -- queries --------------------------------------------------------------------------------
@@ -377,7 +376,8 @@ class VectorIndex:
             q = _unit(query)
             blocks = [b for b in blocks if b.n]
             if len(blocks) == 1 and isinstance(blocks[0], _QuantBlock):
-                ids, scores = self._quantized_search(blocks[0], q, k, allowed)
+                mask = None if allowed is None else np.isin(blocks[0].ids, allowed)
+                ids, scores = blocks[0].search(self.store.conn, q, k, mask)
                 allowed = None
             else:
                 ids = np.concatenate([b.ids for b in blocks] or [np.zeros(0, np.int64)])
@@ -392,15 +392,6 @@ class VectorIndex:
         top = np.argpartition(-scores, k - 1)[:k] if k < len(ids) else np.arange(len(ids))
         top = top[np.lexsort((ids[top], -scores[top]))]
         return list(zip(ids[top].tolist(), scores[top].astype(np.float64).tolist()))
-
-    @staticmethod
-    def _quantized_search(block: _QuantBlock, q: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """The k best of a quantised block with their int8 scores (within ~1e-3 of the cosine).
-        Exact float32 rescoring would need the rows from sqlite-vec, whose point lookups read a
-        whole chunk of 1,024 vectors each: slower than the whole search."""
-        mask = None if allowed is None else np.isin(block.ids, allowed)
-        positions = block.candidates(q, k, mask)
-        return block.ids[positions], block.scores(q, positions)
 
     def prepare(self, session: str) -> None:
         """Load a session before a write transaction, so the database's write lock is not held
@@ -424,11 +415,11 @@ class VectorIndex:
             return [None] * len(vectors)
         out: list[tuple[int, float] | None] = []
         queries = _unit(vectors)
-        if isinstance(block, _QuantBlock):  # one pre-selection per vector: ~O(n) bit operations each
+        if isinstance(block, _QuantBlock):  # one two-stage search per vector: a pass over the bits each
             for q in queries:
-                ids, sims = self._quantized_search(block, q, 1, None)
-                best = sims.max()
-                out.append((int(ids[sims == best].min()), float(best)))
+                ids, sims = block.search(self.store.conn, q, 1, None)
+                best = sims.max() if len(sims) else None
+                out.append(None if best is None else (int(ids[sims == best].min()), float(best)))
             return out
         step = max(1, NEAREST_CHUNK // block.n)
         for start in range(0, len(queries), step):
