@@ -322,19 +322,21 @@ class MemoryEngine:
             episodes: dict[str, int] = {}
             auto_key = f"save-{uuid.uuid4().hex[:16]}"
             ceiling = conn.execute("SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'memories'").fetchone()[0]
+            # What is already here, for the whole call in two look-ups: uids (imports) and this session's texts.
+            uids = [m.uid for m in stored or () if m.uid is not None]
+            present = dict(conn.execute("SELECT uid, id FROM memories WHERE uid IN (SELECT value FROM json_each(?))",
+                                        (json.dumps(uids),)).fetchall()) if uids else {}
+            existing = dict(conn.execute("SELECT content_hash, min(id) FROM memories WHERE session_id = ? AND content_hash IN "
+                                         "(SELECT value FROM json_each(?)) GROUP BY content_hash", (session, json.dumps(hashes))).fetchall())
+            rows, tag_rows, history_rows = [], [], []
             for i, (item, digest, vector) in enumerate(zip(items, hashes, [None] * len(items) if vectors is None else vectors)):
                 restored = stored[i] if stored is not None else None
-                if restored is not None and restored.uid is not None:
-                    present = conn.execute("SELECT id FROM memories WHERE uid = ?", (restored.uid,)).fetchone()
-                    if present:
-                        skipped.append({"index": i, "reason": "already_imported", "duplicate_of": present[0]})
-                        continue
-                existing = conn.execute(
-                    "SELECT id FROM memories WHERE session_id = ? AND content_hash = ? LIMIT 1", (session, digest)
-                ).fetchone()
-                if existing or digest in batch_seen:
+                if restored is not None and restored.uid is not None and restored.uid in present:
+                    skipped.append({"index": i, "reason": "already_imported", "duplicate_of": present[restored.uid]})
+                    continue
+                if digest in existing or digest in batch_seen:
                     # Same text already in this session: saving it again would only waste recall tokens.
-                    skipped.append({"index": i, "reason": "duplicate", "duplicate_of": existing[0] if existing else batch_seen[digest]})
+                    skipped.append({"index": i, "reason": "duplicate", "duplicate_of": existing.get(digest, batch_seen.get(digest))})
                     continue
                 similar = None
                 if check and restored is None:
@@ -350,36 +352,37 @@ class MemoryEngine:
                     conn.execute("INSERT OR IGNORE INTO episodes(session_id, key, created_at) VALUES (?, ?, ?)", (session, key, created))
                     episodes[key] = conn.execute("SELECT id FROM episodes WHERE session_id = ? AND key = ?", (session, key)).fetchone()[0]
                 # An id is kept only above every id this database ever used: an agent may still act on a deleted one.
-                wanted = restored.id if restored is not None and restored.id is not None and restored.id > ceiling else None
+                # Otherwise the next id, as AUTOINCREMENT would give it (the write lock is held).
+                mid = restored.id if restored is not None and restored.id is not None and restored.id > ceiling else ceiling + 1
+                ceiling = mid
                 born = (restored.created_at if restored is not None else None) or created
-                cursor = conn.execute(
-                    "INSERT INTO memories(id, session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
-                    " occurred_at, speaker, attachments, context, episode_id, expires_at, uid)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (wanted, session, item.content, json.dumps(item.tags, ensure_ascii=False), json.dumps(item.metadata, ensure_ascii=False),
-                     digest, tokens[i], born, (restored.updated_at if restored is not None else None) or born,
-                     restored.version if restored is not None else 1, item.occurred_at, item.speaker,
-                     json.dumps(item.attachments, ensure_ascii=False),
-                     conversation.search_context(item.speaker, item.occurred_at, item.attachments),
-                     None if key is None else episodes[key], item.expires_at,
-                     (restored.uid if restored is not None else None) or uuid.uuid4().hex),
-                )
-                mid = cursor.lastrowid
-                ceiling = max(ceiling, mid)
+                rows.append((mid, session, item.content, json.dumps(item.tags, ensure_ascii=False), json.dumps(item.metadata, ensure_ascii=False),
+                             digest, tokens[i], born, (restored.updated_at if restored is not None else None) or born,
+                             restored.version if restored is not None else 1, item.occurred_at, item.speaker,
+                             json.dumps(item.attachments, ensure_ascii=False),
+                             conversation.search_context(item.speaker, item.occurred_at, item.attachments),
+                             None if key is None else episodes[key], item.expires_at,
+                             (restored.uid if restored is not None else None) or uuid.uuid4().hex))
                 if restored is not None:
+                    if restored.uid is not None:
+                        present[restored.uid] = mid  # the same uid twice in one call: the second is skipped
                     if restored.id is not None and restored.id != mid:
                         renumbered[restored.id] = mid
-                    conn.executemany(
-                        "INSERT OR REPLACE INTO memory_versions(memory_id, version, content, tags, metadata, created_at, superseded_at)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        [(mid, int(h["version"]), str(h["content"]), json.dumps(h.get("tags") or [], ensure_ascii=False),
-                          json.dumps(h.get("metadata") or {}, ensure_ascii=False), str(h["created_at"]), str(h["superseded_at"]))
-                         for h in restored.history])
-                conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(mid, t) for t in item.tags])
+                    history_rows += [(mid, int(h["version"]), str(h["content"]), json.dumps(h.get("tags") or [], ensure_ascii=False),
+                                      json.dumps(h.get("metadata") or {}, ensure_ascii=False), str(h["created_at"]), str(h["superseded_at"]))
+                                     for h in restored.history]
+                tag_rows += [(mid, t) for t in item.tags]
                 if vector is not None:
                     batch_kept.append((mid, vector))
                 batch_seen[digest] = mid
                 saved.append({"index": i, "id": mid, "tokens": tokens[i]})
+            conn.executemany(
+                "INSERT INTO memories(id, session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
+                " occurred_at, speaker, attachments, context, episode_id, expires_at, uid)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            conn.executemany("INSERT OR REPLACE INTO memory_versions(memory_id, version, content, tags, metadata, created_at, superseded_at)"
+                             " VALUES (?, ?, ?, ?, ?, ?, ?)", history_rows)
+            conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", tag_rows)
             if batch_kept:
                 kept_ids, kept_vectors = [mid for mid, _ in batch_kept], np.stack([v for _, v in batch_kept])
                 insert_vectors(conn, kept_ids, session, kept_vectors)
