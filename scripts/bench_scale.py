@@ -1,18 +1,23 @@
-"""A million memories in one session: save through the engine, then recall with bounded memory.
+"""Scale points (100k, 1M, 10M memories in one session): built through the bulk import path, then
+recall measured in a fresh process.
 
-    python scripts/bench_scale.py --memories 1000000 --workdir /tmp/scale          # build + measure
-    python scripts/bench_scale.py --memories 1000000 --workdir /tmp/scale --reuse  # measure only
+    python scripts/bench_scale.py --memories 1000000 --workdir /tmp/scale1m          # build (resumes) + measure
+    python scripts/bench_scale.py --memories 1000000 --workdir /tmp/scale1m --reuse  # measure only
 
-Memories are two random real sentences joined (LoCoMo turns and SciFact abstract sentences, the
-pool bench_engine.py's latency part uses). Embedding a million texts would take hours here, so a
-memory's vector is the normalised sum of its two sentences' real MiniLM vectors (the pool is
-embedded once with the real model); everything else goes through ``MemoryEngine.save`` in calls of
-1,000 (``dedup_mode="off"``: the near-duplicate check scans the whole session per new memory).
+How the memories are made (the 10M set is synthetic, so exactly): a pool of real sentences (LoCoMo
+turns and SciFact abstract sentences, ``bench_engine.real_pool``; the 5,509 distinct ones after a
+seeded shuffle of at most 20,000) is embedded once by the real MiniLM (kept as
+``<workdir>/../pool-vectors.npy`` beside the pool texts, shared by every scale point). Memory i of
+chunk c (seeded by c) is two pool sentences a, b drawn at random and joined; its vector is
+normalise(v_a + v_b + noise), noise Gaussian with norm ~0.05 of the sum (so recombined pairs drawn
+twice do not tie exactly). Text and vector are imported together through
+``MemoryEngine.import_memories`` (the documented bulk path: vectors reused, nothing re-embedded) in
+calls of 1,000, with ``dedup_mode="off"``. The build resumes where an earlier run stopped.
 
 Recall is measured in a fresh process (so RSS is what recall needs): the first recall (loads the
-quantised copy), then fresh queries (LoCoMo questions and SciFact queries, embedded by the real
-model): recall() p50/p95 with default settings and dense-only, RSS, DB size, and the recall@10 of
-the quantised dense search against exact brute force over the stored float32 vectors.
+session's sign bits), then fresh queries (LoCoMo questions and SciFact queries, embedded by the real
+model): recall() p50/p95 with default settings, dense-only and BM25-only, RSS, DB size, and the
+recall@10 of the two-stage dense search against exact brute force over the stored float32 vectors.
 """
 
 from __future__ import annotations
@@ -54,48 +59,65 @@ def real_embedder(cfg: TinyContextConfig) -> Embedder:
     return Embedder(resolve_model(cfg.embedding_model, cfg.models_dir), cache_size=0)
 
 
+POOL_MAX = 20_000
+NOISE = 0.05
+
+
+def pool(work: Path) -> tuple[list[str], np.ndarray]:
+    """The real sentences and their real MiniLM vectors, embedded once and kept beside the workdir."""
+    texts_file, vectors_file = work.parent / "pool-texts.json", work.parent / "pool-vectors.npy"
+    if texts_file.exists() and vectors_file.exists():
+        return json.loads(texts_file.read_text()), np.load(vectors_file)
+    texts = sorted(set(bench_engine.real_pool(bench_locomo.load())))
+    random.Random(11).shuffle(texts)
+    texts = texts[:POOL_MAX]
+    vectors = real_embedder(config(work)).embed_documents(texts, progress=True).astype(np.float32)
+    np.save(vectors_file, vectors)
+    texts_file.write_text(json.dumps(texts))
+    return texts, vectors
+
+
+def chunk_memories(c: int, size: int, texts: list[str], vectors: np.ndarray) -> list[dict]:
+    """Chunk ``c`` of the synthetic set (see the module docstring): the same for every build."""
+    rng = np.random.default_rng(c)
+    a, b = rng.integers(0, len(texts), size), rng.integers(0, len(texts), size)
+    sums = vectors[a] + vectors[b]
+    noise = rng.standard_normal(sums.shape).astype(np.float32)
+    sums += noise * (NOISE * np.linalg.norm(sums, axis=1, keepdims=True) / np.linalg.norm(noise, axis=1, keepdims=True))
+    sums /= np.linalg.norm(sums, axis=1, keepdims=True)
+    return [{"content": f"{texts[i]} {texts[j]}", "uid": f"scale-{c}-{k}", "vector": v.astype("<f4").tobytes()}
+            for k, (i, j, v) in enumerate(zip(a.tolist(), b.tolist(), sums))]
+
+
+def build(work: Path, n: int, batch: int) -> dict:
+    cfg = config(work, dedup_mode="off")
+    texts, vectors = pool(work)
+    with MemoryEngine(cfg, embedder=PoolEmbedder(real_embedder(cfg))) as engine:
+        have = engine.store.read("SELECT count(*) FROM memories WHERE session_id = ?", (SESSION,))[0][0]
+        started, imported = time.perf_counter(), 0
+        with tqdm(total=n, initial=have, desc="importing", unit="memory", mininterval=30) as bar:
+            for c in range(have // batch, -(-n // batch)):
+                result = engine.import_memories(chunk_memories(c, min(batch, n - c * batch), texts, vectors), session_id=SESSION)
+                assert result["embedded"] == 0, "the bulk path must not re-embed"
+                imported += len(result["ids"])
+                bar.update(len(result["ids"]) + len(result["skipped"]))
+        seconds = time.perf_counter() - started
+    return {"memories": have + imported, "imported_now": imported, "pool_texts": len(texts), "import_s": seconds,
+            "imports_per_s": imported / seconds if seconds else None, "loadavg": os.getloadavg(),
+            "peak_rss_mb_build": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
 class PoolEmbedder:
-    """The real embedder's identity and queries; documents get the vectors registered for them."""
+    """The real embedder's identity and query embeddings; the bulk import brings every document vector."""
 
     def __init__(self, real: Embedder):
         self.real, self.identity, self.dimensions = real, real.identity, real.dimensions
-        self.vectors: dict[str, np.ndarray] = {}
 
     def embed_query(self, text: str) -> np.ndarray:
         return self.real.embed_query(text)
 
     def embed_documents(self, texts, *, progress: bool = False) -> np.ndarray:
-        return np.stack([self.vectors.pop(t) for t in texts])
-
-
-def build(work: Path, n: int, batch: int) -> dict:
-    cfg = config(work, dedup_mode="off")
-    real = real_embedder(cfg)
-    rng = random.Random(11)
-    pool = bench_engine.real_pool(bench_locomo.load())
-    rng.shuffle(pool)
-    pool = pool[:5000]
-    started = time.perf_counter()
-    cache = work / "pool-vectors.npy"  # the pool's real embeddings, kept for rebuilds
-    vectors = np.load(cache) if cache.exists() else real.embed_documents(pool, progress=True)
-    np.save(cache, vectors)
-    embed_s = time.perf_counter() - started
-    embedder = PoolEmbedder(real)
-    saved, save_s = 0, 0.0
-    with MemoryEngine(cfg, embedder=embedder) as engine, tqdm(total=n, desc="saving", unit="memory") as bar:
-        while saved < n:
-            pairs = [(rng.randrange(len(pool)), rng.randrange(len(pool))) for _ in range(min(batch, n - saved))]
-            texts = [f"{pool[a]} {pool[b]} [{saved + i}]" for i, (a, b) in enumerate(pairs)]
-            sums = vectors[[a for a, _ in pairs]] + vectors[[b for _, b in pairs]]
-            for text, vec in zip(texts, sums / np.linalg.norm(sums, axis=1, keepdims=True)):
-                embedder.vectors[text] = vec.astype(np.float32)
-            t = time.perf_counter()
-            result = engine.save(texts, session_id=SESSION)
-            save_s += time.perf_counter() - t
-            saved += len(result["saved"])
-            bar.update(len(texts))
-    return {"memories": saved, "pool_texts": len(pool), "pool_embed_s": embed_s, "save_s": save_s,
-            "saves_per_s": saved / save_s, "peak_rss_mb_build": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        raise AssertionError("the bulk import must not embed documents")
 
 
 def exact_top(work: Path, queries: np.ndarray, k: int) -> list[list[int]]:
@@ -182,7 +204,6 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     result = {"command": " ".join(sys.argv), "loadavg_start": os.getloadavg()}
     if not args.reuse:
-        (args.workdir / "scale.db").unlink(missing_ok=True)
         result["build"] = build(args.workdir, args.memories, args.batch)
         print(json.dumps(result["build"]), flush=True)
     proc = subprocess.run([sys.executable, __file__, "--measure-only", "--workdir", str(args.workdir), "--queries", str(args.queries),

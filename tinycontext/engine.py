@@ -83,7 +83,8 @@ class StoredMemory(MemoryInput):
     updated_at: str | None = None
     version: int = Field(1, ge=1)
     history: list[dict[str, Any]] = Field(default_factory=list)
-    vector: list[float] | None = None
+    # The stored vector (float32 little-endian bytes, or numbers), reused when it fits this embedder.
+    vector: list[float] | bytes | None = None
 
 
 def _depth(value: Any, level: int = 0) -> int:
@@ -401,8 +402,7 @@ class MemoryEngine:
     def _vectors(self, items: list, indexed: list[str], stored) -> tuple[np.ndarray, list[int]]:
         """One vector per item: a valid stored one (import) or freshly embedded; and which were embedded."""
         dims = self.embedder.identity["dimensions"]
-        given = [None if stored is None or stored[i].vector is None or len(stored[i].vector) != dims
-                 or not np.isfinite(stored[i].vector).all() else np.asarray(stored[i].vector, np.float32) for i in range(len(items))]
+        given = [None if stored is None else _stored_vector(stored[i].vector, dims) for i in range(len(items))]
         missing = [i for i, v in enumerate(given) if v is None]
         computed = iter(self.embedder.embed_documents([indexed[i] for i in missing], progress=self.progress)) if missing else iter(())
         return (np.stack([v if v is not None else next(computed) for v in given]) if items else np.zeros((0, dims), np.float32)), missing
@@ -850,6 +850,16 @@ def _nearest(stored: tuple[int, float] | None, vector: np.ndarray, batch: list[t
         if best is None or sims[j] > best[1]:
             best = (batch[j][0], float(sims[j]))
     return best
+
+
+def _stored_vector(raw: list[float] | bytes | None, dims: int) -> np.ndarray | None:
+    """An imported vector when it has this embedder's size and finite values, else None (embed again)."""
+    if raw is None or (isinstance(raw, bytes) and len(raw) != 4 * dims):
+        return None
+    vector = np.frombuffer(raw, "<f4") if isinstance(raw, bytes) else np.asarray(raw, np.float32)
+    if len(vector) != dims or not np.isfinite(vector).all():
+        return None
+    return vector.astype(np.float32)
 
 
 def _check_id(memory_id) -> int:

@@ -179,7 +179,7 @@ def _jsonl_rows(engine: MemoryEngine, lines: Iterable[str], source: str) -> Iter
             memory = {k: record[k] for k in ("content", "tags", "metadata", "occurred_at", "speaker", "attachments", "episode", "expires_at",
                                              "updated_at", "version") if record.get(k) is not None}
             vector = _decode_vector(record.get("vector"), identity["dimensions"], where) if reuse_vectors else None
-            memory.update(id=old_id, created_at=created, history=history, vector=None if vector is None else vector.tolist(),
+            memory.update(id=old_id, created_at=created, history=history, vector=None if vector is None else vector.tobytes(),
                           uid=record.get("uid") or _stable_uid(record.get("session_id"), old_id, created, record.get("content")))
             yield _Pending(where, record.get("session_id"), memory)
         else:
