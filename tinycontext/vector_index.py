@@ -53,8 +53,8 @@ NEAREST_CHUNK = 16_000_000
 LOAD_SLICE = 8192
 # Quantised sessions: candidates the Hamming stage keeps for int8 rescoring (at least RESCORE_MIN,
 # RESCORE_PER_HIT per requested hit); chosen for recall@10 >= 0.99 against exact search at 100k-10M
-# (notes/bench_scale.md).
-RESCORE_MIN = 1000
+# (1M, 100 fresh queries: 1000 -> 0.966, 2000 -> 0.979, 4000 -> 0.990; notes/bench_scale.md).
+RESCORE_MIN = 4000
 RESCORE_PER_HIT = 10
 
 # Products run on one BLAS thread: OpenBLAS workers keep spinning after a multi-threaded product
