@@ -227,6 +227,9 @@ class Store:
         try:
             self.conn = self.driver.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False, isolation_level=None)
         except self.driver.Error as exc:
+            if not os.access(self.path.parent, os.W_OK):
+                raise StorageError(f"Cannot open database {path}: {exc}. Its folder {self.path.parent} is not writable (a read-only "
+                                   "volume or mount?): point memory_db_path (TINYCONTEXT_MEMORY_DB_PATH) at a writable place.") from exc
             raise StorageError(f"Cannot open database {path}: {exc}. Check the path and its permissions.") from exc
         self.lock = threading.RLock()
         try:
@@ -249,16 +252,7 @@ class Store:
             raise
 
     def _make_folder(self) -> None:
-        folder = self.path.parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError) as exc:
-            blocker = next((p for p in [folder, *folder.parents] if p.exists() and not p.is_dir()), folder)
-            raise StorageError(f"Cannot create the folder for database {self.path}: {blocker} is a file, not a folder. "
-                               "Point memory_db_path (TINYCONTEXT_MEMORY_DB_PATH) at a file inside a folder.") from exc
-        except OSError as exc:  # PermissionError, a read-only file system
-            raise StorageError(f"Cannot create the folder {folder} for database {self.path}: {exc.strerror}. Point memory_db_path "
-                               "(TINYCONTEXT_MEMORY_DB_PATH) at a writable place, or fix the folder's permissions.") from exc
+        make_folder(self.path, f"database {self.path}", "Point memory_db_path (TINYCONTEXT_MEMORY_DB_PATH) at")
         if self.path.is_dir():
             raise StorageError(f"Cannot use database {self.path}: it is a folder. Point memory_db_path (TINYCONTEXT_MEMORY_DB_PATH) "
                                f"at a file, e.g. {self.path / 'memory.db'}.")
@@ -489,6 +483,20 @@ class Store:
                 conn.close()
             self._readers.clear()
             self.conn.close()
+
+
+def make_folder(path: Path, what: str, fix: str) -> None:
+    """Create ``path``'s folder; a parent that is a file, or one that cannot be written, is a StorageError
+    saying which (``what``: what the file is for; ``fix``: the start of a sentence naming the setting)."""
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        blocker = next((p for p in [folder, *folder.parents] if p.exists() and not p.is_dir()), folder)
+        raise StorageError(f"Cannot create the folder for {what}: {blocker} is a file, not a folder. {fix} a file inside a folder.") from exc
+    except OSError as exc:  # permissions, a read-only file system
+        raise StorageError(f"Cannot create the folder {folder} for {what}: {exc.strerror or exc}. {fix} a writable place, "
+                           "or fix the folder's permissions.") from exc
 
 
 def same_embedder(stored: dict | None, identity: dict) -> bool:

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import sqlite3
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator
@@ -33,7 +34,7 @@ from .engine import MemoryEngine, _check_session
 from .errors import InvalidInputError, SessionNotFoundError, StorageError
 from .filters import parse_time
 from .model_hub import REGISTRY
-from .store import LEGACY_SIGNATURE, MEMORY_COLUMNS, Store, now_iso, row_to_memory
+from .store import LEGACY_SIGNATURE, MEMORY_COLUMNS, Store, make_folder, now_iso, row_to_memory
 
 FORMAT = "tinycontext-export"
 FORMAT_VERSION = 1
@@ -414,9 +415,10 @@ def backup(source: MemoryEngine | Store, dest: str | os.PathLike, *, overwrite: 
         raise InvalidInputError(f"{dest} already exists; choose another path or pass overwrite=True (CLI: --force).")
     if dest.resolve() == store.path.resolve():
         raise InvalidInputError("The backup path is the database itself; choose another path.")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".partial")
-    tmp.unlink(missing_ok=True)
+    make_folder(dest, f"the backup {dest}", "Give the backup")
+    with suppress(OSError):  # a read-only folder: the connect below says so
+        tmp.unlink(missing_ok=True)
     try:
         target = store.driver.connect(str(tmp))
         try:
@@ -431,8 +433,9 @@ def backup(source: MemoryEngine | Store, dest: str | os.PathLike, *, overwrite: 
         if check != "ok":
             raise StorageError(f"The backup at {tmp} failed its integrity check ({check}); the source may be damaged.")
         os.replace(tmp, dest)
-    except store.driver.Error as exc:
-        tmp.unlink(missing_ok=True)
-        raise StorageError(f"Backup to {dest} failed: {exc}.") from exc
+    except (store.driver.Error, OSError) as exc:
+        with suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise StorageError(f"Backup to {dest} failed: {exc}. Check that {dest.parent} is writable and has free space.") from exc
     return {"path": str(dest), "bytes": dest.stat().st_size, "memories": count}
 
