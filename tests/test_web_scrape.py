@@ -364,3 +364,29 @@ def test_links_that_share_no_word_with_the_query_are_left_out(loopback_only, web
         whole = scrape(web_config, [server.url("/rivers")], 1000)
     assert "links" not in answer["results"][0]  # navigation, footer and unrelated articles cost nothing
     assert len(whole["results"][0]["links"]) > 3  # without a query the page's links come in page order
+
+
+def test_content_is_sniffed_and_undeclared_charsets_detected(loopback_only, web_config):
+    """A PDF is read as a PDF whatever its label; binary labelled text/html is not text; a Shift-JIS page
+    without any charset decodes and is cut into passages of at most the chunk size."""
+    from test_web_pdf import make_pdf
+
+    pdf = make_pdf([[(18, 72, "Sniffed report"), (11, 72, "The Danube delta is a wetland of reed beds and channels.")]])
+    japanese = "東京は日本の首都であり、世界で最も人口の多い都市圏の一つです。" * 30
+    sjis = f"<html><head><title>東京</title></head><body><main><article><h1>東京</h1><p>{japanese}</p></article></main></body></html>"
+    routes = {
+        "/pdf-as-html": html(pdf, "text/html; charset=utf-8"),
+        "/pdf-untyped": html(pdf, ""),
+        "/binary-as-html": html(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 40, "text/html"),
+        "/sjis": html(sjis.encode("shift_jis"), "text/html"),
+    }
+    with LocalServer(routes) as server:
+        answer = scrape(web_config, [server.url(p) for p in routes], 3000)
+    pdf_as_html, pdf_untyped, binary, japanese_page = answer["results"]
+    for result in (pdf_as_html, pdf_untyped):
+        assert result["outcome"] == "ok" and any("reed beds" in p["text"] for p in result["passages"]), result
+    assert binary["outcome"] == "unsupported_type" and "binary" in binary["detail"]
+    assert japanese_page["outcome"] == "ok" and japanese_page["title"] == "東京"
+    counter = TokenCounter()
+    assert "世界で最も人口の多い都市圏" in japanese_page["passages"][0]["text"]
+    assert all(counter.count(p["text"]) <= web_config.scrape_chunk_tokens for p in japanese_page["passages"])

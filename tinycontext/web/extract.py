@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import urldefrag, urljoin, urlsplit
 
+import charset_normalizer
 import lxml.html
 import trafilatura
 from lxml import etree
@@ -18,6 +19,7 @@ from .fetch import HTML_TYPES, PDF_TYPES, FetchResult
 from .pdf import extract_pdf
 
 MAX_LINKS = 300
+_DETECT_BYTES = 64 * 1024
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9._:-]+)""", re.IGNORECASE)
 _BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 _SPACE = re.compile(r"\s+")
@@ -54,7 +56,8 @@ def decode_body(body: bytes, declared: str | None = None, *, html: bool = True) 
 
     A BOM wins; then valid UTF-8 (pages labelled latin-1 that are really UTF-8 are common, and
     non-ASCII bytes that happen to be valid UTF-8 are rare otherwise); then the header's charset,
-    then a ``<meta charset>``; last windows-1252 with replacement characters, which never fails.
+    then a ``<meta charset>``; with no charset declared at all, charset-normalizer's guess; last
+    windows-1252 with replacement characters, which never fails.
     """
     for bom, name in _BOMS:
         if body.startswith(bom):
@@ -64,12 +67,18 @@ def decode_body(body: bytes, declared: str | None = None, *, html: bool = True) 
     except UnicodeDecodeError:
         pass
     meta = _META_CHARSET.search(body[:4096]) if html else None
-    for name in (_codec(declared), _codec(meta.group(1).decode("ascii", "ignore")) if meta else None):
+    labels = (_codec(declared), _codec(meta.group(1).decode("ascii", "ignore")) if meta else None)
+    for name in labels:
         if name and name not in ("utf-8", "utf-16", "utf-32"):
             try:
                 return body.decode(name)
             except (UnicodeDecodeError, LookupError):
                 continue
+    if not any(labels):
+        # Nothing declared: detect (Shift-JIS, GBK, KOI8-R... pages without a charset); a prefix is enough.
+        guess = charset_normalizer.from_bytes(body[:_DETECT_BYTES]).best()
+        if guess is not None:
+            return body.decode(guess.encoding, errors="replace")
     return body.decode("cp1252", errors="replace")
 
 
