@@ -200,7 +200,7 @@ def test_hostile_servers_are_bounded_in_time_and_memory(loopback_only, web_confi
         started = time.monotonic()
         answer = scrape(web_config, [server.url(p) for p in ("/slow", "/endless", "/bomb", "/silent", "/huge")], 500)
         elapsed = time.monotonic() - started
-    assert [r["outcome"] for r in answer["results"]] == ["timeout", "too_large", "too_large", "timeout", "too_large"]
+    assert [r["outcome"] for r in answer["results"]] == ["timeout", "too_large", "too_large", "timeout", "too_large"], answer["text"]
     assert elapsed < 30  # generous: the bound is web_fetch_timeout (2 s), concurrently, plus a loaded machine
 
 
@@ -390,3 +390,50 @@ def test_content_is_sniffed_and_undeclared_charsets_detected(loopback_only, web_
     counter = TokenCounter()
     assert "世界で最も人口の多い都市圏" in japanese_page["passages"][0]["text"]
     assert all(counter.count(p["text"]) <= web_config.scrape_chunk_tokens for p in japanese_page["passages"])
+
+
+def big_page(size: int = 4_900_000) -> bytes:
+    """A long article (one paragraph after another) of about ``size`` bytes, under web_max_bytes."""
+    words = "river delta barge grain port city bridge water valley mountain snow trade route canal lock ferry".split()
+    paragraph = lambda i: "<p>" + " ".join(words[(i * 7 + j) % len(words)] for j in range(120)) + f" number {i}.</p>\n"  # noqa: E731
+    paragraphs = [paragraph(i) for i in range(size // 900)]
+    paragraphs[10] = "<p>The flood reached the river mouth in May, and the harbour closed for a week.</p>\n"
+    return ("<html><head><title>Big</title></head><body><main><article><h1>Big page</h1>" + "".join(paragraphs)
+            + "</article></main></body></html>").encode()
+
+
+class BlockedEmbedder(HashEmbedder):
+    """Embeds only once ``release`` is set (at most 60 s): ranking that outlives the item's deadline."""
+
+    def __init__(self):
+        super().__init__()
+        import threading
+
+        self.release = threading.Event()
+
+    def embed(self, texts, kind="document", progress=False):
+        self.release.wait(60)
+        return super().embed(texts, kind, progress)
+
+
+def test_a_huge_page_is_read_up_to_the_caps_and_within_the_item_deadline(loopback_only, tmp_path):
+    body = big_page()
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", allow_private_hosts=True, web_max_bytes=5_000_000,
+                               web_item_timeout=60, scrape_max_chars=20_000, scrape_max_chunks=60)
+    with LocalServer({"/big": html(body)}) as server:
+        item = {"url": server.url("/big"), "query": "when did the flood reach the river mouth"}
+        answer = scrape_urls([item], 800, order="rank", config=config.model_copy(update={"embedding_backend": "none"}))
+        (result,) = answer["results"]
+        assert result["outcome"] == "ok" and "scrape_max_chars" in result["note"]
+        assert "The flood reached the river mouth in May" in result["passages"][0]["text"]
+        assert max(p["end"] for p in result["passages"]) <= 20_000
+        # Ranking that would take longer than web_item_timeout: the item is a timeout, and the answer
+        # comes while the embedder is still blocked (it is released only afterwards).
+        blocked = BlockedEmbedder()
+        try:
+            late = scrape_urls([item], 800, config=config.model_copy(update={"web_item_timeout": 1.0}), embedder=blocked)
+            assert not blocked.release.is_set()
+        finally:
+            blocked.release.set()
+    (result,) = late["results"]
+    assert result["outcome"] == "timeout" and "web_item_timeout=1" in result["detail"]

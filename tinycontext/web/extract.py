@@ -40,6 +40,7 @@ class ExtractedPage:
     title: str
     markdown: str
     links: list[Link] = field(default_factory=list)
+    cut: bool = False  # the page had more text than extraction was allowed to read
 
 
 def _codec(name: str | None) -> str | None:
@@ -135,8 +136,27 @@ def _drop_action_bars(tree) -> None:
             element.drop_tree()
 
 
-def extract_html(html: str, url: str) -> ExtractedPage:
-    """Main content as Markdown (headings, lists, tables, code kept), the title and the links."""
+def _cut_after(tree, limit: int) -> bool:
+    """Drop everything after the first ``limit`` characters of text (in document order); whether it did.
+    Main-content extraction costs time with the size of the tree, and holds the GIL while it works."""
+    total = 0
+    for element in tree.iter():
+        total += len(element.text or "") + len(element.tail or "")
+        if total > limit:
+            for child in list(element):
+                element.remove(child)
+            node = element
+            while (parent := node.getparent()) is not None:
+                for later in list(node.itersiblings()):
+                    parent.remove(later)
+                node = parent
+            return True
+    return False
+
+
+def extract_html(html: str, url: str, *, max_chars: int | None = None) -> ExtractedPage:
+    """Main content as Markdown (headings, lists, tables, code kept), the title and the links; with
+    ``max_chars``, only the part of the page holding the first twice that many characters of text is read."""
     try:
         tree = lxml.html.document_fromstring(html)
     except (etree.ParserError, ValueError):
@@ -145,24 +165,29 @@ def extract_html(html: str, url: str) -> ExtractedPage:
         bad.drop_tree()
     title = _title_from(tree)
     links = _links(tree, url)
+    cut = max_chars is not None and _cut_after(tree, 2 * max_chars)  # twice: boilerplate is dropped later
     _drop_action_bars(tree)
     # favor_recall: on the saved pages in tests/fixtures/web it keeps short list items that the
     # default drops, with no more boilerplate (scripts/web_extraction_compare.py).
     markdown = trafilatura.extract(tree, url=url, output_format="markdown", include_tables=True, favor_recall=True,
                                    include_formatting=True, include_comments=True, include_links=False,
                                    include_images=False, with_metadata=False) or ""
-    return ExtractedPage(url, title, markdown.strip(), links)
+    return ExtractedPage(url, title, markdown.strip(), links, cut)
 
 
-def extract_page(result: FetchResult, *, pdf_max_pages: int = 200) -> ExtractedPage:
+def extract_page(result: FetchResult, *, pdf_max_pages: int = 200, max_chars: int | None = None) -> ExtractedPage:
     """The page a successful fetch holds (HTML through trafilatura, PDF through
-    :mod:`tinycontext.web.pdf`, at most ``pdf_max_pages`` pages; plain text as it is)."""
+    :mod:`tinycontext.web.pdf`, at most ``pdf_max_pages`` pages; plain text as it is), its text
+    at most ``max_chars`` characters (``cut`` says when it was cut)."""
     url = result.final_url or result.url
     if result.content_type in PDF_TYPES:
-        return extract_pdf(result.body, url, max_pages=pdf_max_pages)
-    is_html = result.content_type in HTML_TYPES
-    text = decode_body(result.body, result.charset, html=is_html)
-    if is_html:
-        return extract_html(text, url)
-    text = text.replace("\r\n", "\n").replace("\x00", "").strip()
-    return ExtractedPage(url, text.split("\n", 1)[0][:120].strip() if text else "", text)
+        page = extract_pdf(result.body, url, max_pages=pdf_max_pages)
+    elif result.content_type in HTML_TYPES:
+        page = extract_html(decode_body(result.body, result.charset), url, max_chars=max_chars)
+    else:
+        text = decode_body(result.body, result.charset, html=False).replace("\r\n", "\n").replace("\x00", "").strip()
+        page = ExtractedPage(url, text.split("\n", 1)[0][:120].strip() if text else "", text)
+    if max_chars is not None and len(page.markdown) > max_chars:
+        # A prefix: passage offsets stay offsets into the page's text.
+        page.markdown, page.cut = page.markdown[:max_chars], True
+    return page

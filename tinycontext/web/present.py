@@ -120,7 +120,7 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
         if page.outcome != "ok":
             status = f" {page.fetch.status}" if page.outcome == "http_error" and page.fetch.status else ""
             return [f"# {page.item.url}", f"{page.outcome}{status}: {one_line(page.fetch.detail or page.outcome)}"]
-        return [f"# {one_line(page.title) or url}", f"<{url}>"]
+        return [f"# {one_line(page.title) or url}", f"<{url}>", *([f"({page.note})"] if page.note else [])]
 
     def shown(fitted: Page, slots: list[int]) -> list[tuple[Chunk, bool]]:
         chunks = [candidates[fitted.chosen[s]][1] for s in slots]
@@ -155,6 +155,8 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
                 entry["detail"] = page.fetch.detail or page.outcome
             else:
                 entry["title"] = page.title
+                if page.note:
+                    entry["note"] = page.note
                 entry["passages"] = [passage(chunk, named) for chunk, named in shown(fitted, slots)]
                 if links[index]:
                     entry["links"] = links[index]
