@@ -15,12 +15,12 @@ import pytest
 from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.cli import main
+from tinycontext.cli.commands import main
 
 
 def tc(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}
-    return subprocess.run([sys.executable, "-m", "tinycontext.cli", *args], input=stdin, capture_output=True, text=True, check=False,
+    return subprocess.run([sys.executable, "-m", "tinycontext.cli.commands", *args], input=stdin, capture_output=True, text=True, check=False,
                           env={**base, **env}, timeout=120)
 
 

@@ -17,7 +17,7 @@ from consistency import assert_consistent
 
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.errors import InvalidInputError
-from tinycontext.transfer import backup, export_jsonl, import_file, import_jsonl
+from tinycontext.memory.transfer import backup, export_jsonl, import_file, import_jsonl
 
 LEGACY_SCHEMA = """
 CREATE TABLE memories (
@@ -170,7 +170,7 @@ def test_backup_is_a_consistent_standalone_copy(tmp_path, source):
 def test_cli_export_import_backup(tmp_path, source):
     env_source = {"TINYCONTEXT_MEMORY_DB_PATH": str(source.store.path)}
     def run(*args, env, **kwargs):
-        return subprocess.run([sys.executable, "-m", "tinycontext.cli", *args], env={**os.environ, **env},
+        return subprocess.run([sys.executable, "-m", "tinycontext.cli.commands", *args], env={**os.environ, **env},
                               capture_output=True, text=True, timeout=120, **kwargs)
 
     exported = run("export", "--no-vectors", env=env_source)

@@ -30,8 +30,8 @@ from typing import IO, Iterable, Iterator
 import numpy as np
 
 from .engine import MemoryEngine
-from .errors import InvalidInputError, SessionNotFoundError, StorageError
-from .model_hub import REGISTRY
+from ..errors import InvalidInputError, SessionNotFoundError, StorageError
+from ..models.hub import REGISTRY
 from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory
 
 FORMAT = "tinycontext-export"
@@ -117,7 +117,7 @@ class ImportReport:
 @dataclass
 class _Pending:
     """One memory to import: where it came from (for error messages), its session, and the
-    :class:`~tinycontext.engine.StoredMemory` fields."""
+    :class:`~tinycontext.memory.engine.StoredMemory` fields."""
 
     where: str
     session_id: str | None
