@@ -22,8 +22,8 @@ import json
 import numpy as np
 from scipy.optimize import minimize
 
-from tinycontext import conversation
-from tinycontext.retrieval import fuse, relevance_floor
+from tinycontext.retrieval import conversation
+from tinycontext.retrieval.fusion import fuse, relevance_floor
 
 CATEGORIES = (1, 2, 3, 4)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 import bench_locomo
 from bench_locomo_cv import evidence, open_conversation
-from tinycontext import conversation
+from tinycontext.retrieval import conversation
 
 
 def extract(work: Path, conv: dict) -> Path:

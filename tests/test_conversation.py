@@ -1,5 +1,5 @@
 """Conversations: occurred_at / speaker / attachments / episodes through the public API, the v3
-migration, and the recall signals of tinycontext/conversation.py."""
+migration, and the recall signals of tinycontext/retrieval/conversation.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from conftest import HashEmbedder
 from tinycontext import InvalidInputError, MemoryEngine
-from tinycontext.conversation import (
+from tinycontext.retrieval.conversation import (
     date_words,
     embedding_text,
     FUSION_FEATURES,
@@ -18,12 +18,12 @@ from tinycontext.conversation import (
     fusion_features,
     learned_rerank,
     mentioned_speaker,
-    parse_occurred_at,
     rerank,
 )
-from tinycontext.engine import _content_hash
-from tinycontext.retrieval import Candidate
-from tinycontext.store import SCHEMA_VERSION, Store, now_iso
+from tinycontext.retrieval.filters import parse_occurred_at
+from tinycontext.memory.engine import _content_hash
+from tinycontext.retrieval.fusion import Candidate
+from tinycontext.memory.store import SCHEMA_VERSION, Store, now_iso
 
 CHAT_1 = [
     {"content": "I adopted a puppy last week, her name is Biscuit!", "speaker": "Ana", "occurred_at": "2023-05-08T13:56"},
@@ -318,7 +318,7 @@ def test_mcp_save_and_recall_a_conversation(tmp_path):
 
 
 def test_cli_save_turn_flags(env, capsys):
-    from tinycontext.cli import main
+    from tinycontext.cli.commands import main
 
     assert main(["save", "I moved to Lisbon.", "--speaker", "Ana", "--occurred-at", "2024-03-01", "--episode", "t1",
                  "--attachment", "a photo of a tram", "--session", "chat"]) == 0
@@ -335,7 +335,7 @@ def test_cli_save_turn_flags(env, capsys):
 
 def test_export_import_keeps_turn_fields(tmp_path):
     from tinycontext import TinyContextConfig
-    from tinycontext.transfer import import_jsonl, iter_export
+    from tinycontext.memory.transfer import import_jsonl, iter_export
 
     source = TinyContextConfig(memory_db_path=tmp_path / "a.db", models_dir=tmp_path / "models")
     target = TinyContextConfig(memory_db_path=tmp_path / "b.db", models_dir=tmp_path / "models")

@@ -1,4 +1,4 @@
-"""Time a question names (tinycontext/when.py) and the recall boost it drives (recall_time_boost)."""
+"""Time a question names (tinycontext/retrieval/time_windows.py) and the recall boost it drives (recall_time_boost)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.retrieval import Candidate
-from tinycontext.when import TimeWindow, boost, question_windows
+from tinycontext.retrieval.fusion import Candidate
+from tinycontext.retrieval.time_windows import TimeWindow, boost, question_windows
 
 NOW = datetime(2023, 10, 20, 15, 0)  # a Friday
 

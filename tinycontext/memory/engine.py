@@ -21,11 +21,13 @@ import numpy as np
 import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import browse, conversation, keyword, language, when
-from .budget import TokenCounter, fit_budget
-from .config import TinyContextConfig
-from .embedders import EmbedderProtocol
-from .errors import (
+from . import browse, keyword_mode as keyword
+from ..retrieval import conversation, language, time_windows as when
+from ..budget.tokens import TokenCounter, fit_budget
+from ..config import TinyContextConfig
+from ..models import backends
+from ..models.backends import NO_MODEL, EmbedderProtocol
+from ..errors import (
     ConflictError,
     EmptyMemoryError,
     InvalidInputError,
@@ -33,10 +35,10 @@ from .errors import (
     RecallBudgetError,
     SessionNotFoundError,
 )
-from .filters import Filters, expiry, parse_filters
-from .render import Page, check_agent_budget, check_detail, recall_page
-from .fts_budget import bounded_match
-from .retrieval import Signals, cliff_cut, fuse, relevance_floor
+from ..retrieval.filters import Filters, expiry, parse_filters, parse_occurred_at
+from ..budget.render import Page, check_agent_budget, check_detail, recall_page
+from ..retrieval.bounded_bm25 import bounded_match
+from ..retrieval.fusion import Signals, cliff_cut, fuse, relevance_floor
 from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory, typed_storage_errors
 from .vector_index import VectorIndex
 
@@ -58,7 +60,7 @@ class MemoryInput(BaseModel):
 
     Conversation turns may also say when they happened (``occurred_at``, ISO 8601), who said them
     (``speaker``), what was shared with them (``attachments``: text such as an image caption) and
-    which ``episode`` (chat session, thread) they belong to; see tinycontext/conversation.py.
+    which ``episode`` (chat session, thread) they belong to; see tinycontext/retrieval/conversation.py.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -189,7 +191,7 @@ class MemoryEngine:
                 if self._reindexed is None:
                     if self._embedder is _UNOPENED:
                         # None: keyword-only (no model configured, or unavailable and keyword_fallback allows it).
-                        self._embedder, self.keyword_reason = keyword.open_embedder(self.config)
+                        self._embedder, self.keyword_reason = backends.open_embedder(self.config)
                     self._reindexed = keyword.bind(self.store, self.config, self._embedder)
         return self._embedder
 
@@ -204,7 +206,7 @@ class MemoryEngine:
         """"hybrid" (BM25 + vectors) or "keyword" (BM25 only: no embedding model). Before the model is
         first needed this is the configured mode, without loading it."""
         if self._reindexed is None:
-            return "keyword" if self.config.embedding_backend == keyword.NO_MODEL else "hybrid"
+            return "keyword" if self.config.embedding_backend == NO_MODEL else "hybrid"
         return "keyword" if self._embedder is None else "hybrid"
 
     def close(self) -> None:
@@ -257,7 +259,7 @@ class MemoryEngine:
                 raise InvalidInputError(f"{where}.metadata is too large (max {MAX_METADATA_BYTES} bytes, depth {MAX_METADATA_DEPTH}).", index=i)
             out.append(MemoryInput(
                 content=content, tags=_normalise_tags(item.tags, where), metadata=item.metadata,
-                occurred_at=conversation.parse_occurred_at(item.occurred_at, where),
+                occurred_at=parse_occurred_at(item.occurred_at, where),
                 speaker=conversation.check_label(item.speaker, "speaker", conversation.MAX_SPEAKER_CHARS, where),
                 attachments=conversation.check_attachments(item.attachments, where),
                 episode=conversation.check_label(item.episode, "episode", conversation.MAX_EPISODE_CHARS, where),
@@ -437,7 +439,7 @@ class MemoryEngine:
                signals: Signals | None = None, ranking: int = 0, fusion: str | None = None) -> dict:
         """The library answer: full memory dicts whose content fits ``max_tokens``. Interfaces that
         hand text to an agent use :meth:`recall_rendered`, whose budget covers what they render.
-        ``filters`` (see :mod:`tinycontext.filters`) narrows by tags, metadata and time.
+        ``filters`` (see :mod:`tinycontext.retrieval.filters`) narrows by tags, metadata and time.
         ``signals``: this query's :meth:`search`, fused instead of searching again. ``ranking``: also
         return the first ``ranking`` positions of the order the answer was chosen from (ids, ranks,
         scores; no budget), e.g. to score the ranking and the budgeted answer from one recall."""
@@ -477,7 +479,7 @@ class MemoryEngine:
                         top_k: int | None = None, tags: Sequence[str] | None = None, offset: int = 0,
                         detail: str = "compact", filters: Filters | dict | None = None, **ranking: float | None) -> Page:
         """Recall as an agent receives it: text and structured content, each within ``max_tokens``
-        counted with the configured encoding (see :mod:`tinycontext.render`). ``ranking``: the
+        counted with the configured encoding (see :mod:`tinycontext.budget.render`). ``ranking``: the
         ranking settings :meth:`recall` takes (``dense_weight``, ``rrf_k``, ``candidates``, ``signals``, ...)."""
         detail = check_detail(detail)
         max_tokens = check_agent_budget(self.config.recall_max_tokens if max_tokens is None else max_tokens)
@@ -829,17 +831,17 @@ class MemoryEngine:
                 conversation.index_episodes(conn, [row[1]])
         return {"id": memory_id, "deleted": True}
 
-    # -- browsing and housekeeping (tinycontext/browse.py) -------------------------------------------
+    # -- browsing and housekeeping (tinycontext/memory/browse.py) -------------------------------------------
 
     def list_memories(self, **options) -> Page:
-        """A budgeted page of memories; see :func:`tinycontext.browse.list_memories`."""
+        """A budgeted page of memories; see :func:`tinycontext.memory.browse.list_memories`."""
         return browse.list_memories(self, **options)
 
     def list_sessions(self) -> dict:
         return browse.list_sessions(self)
 
     def delete_memories(self, **options) -> dict:
-        """Bulk delete by session/tags/filters after a dry run; see :func:`tinycontext.browse.delete_memories`."""
+        """Bulk delete by session/tags/filters after a dry run; see :func:`tinycontext.memory.browse.delete_memories`."""
         return browse.delete_memories(self, **options)
 
     def sessions(self) -> list[dict]:
@@ -920,7 +922,7 @@ def recall_memories(query: str, *, session_id: str | None = None, max_tokens: in
     """The memories most relevant to ``query`` that fit ``max_tokens``, best first.
 
     Without ``session_id`` all sessions are searched. ``tags`` keeps memories with any of them;
-    ``filters`` (see :mod:`tinycontext.filters`) narrows by tags, metadata and time.
+    ``filters`` (see :mod:`tinycontext.retrieval.filters`) narrows by tags, metadata and time.
     """
     return get_engine(config).recall(query, session_id=session_id, max_tokens=max_tokens, top_k=top_k, tags=tags, offset=offset,
                                      filters=filters)

@@ -28,12 +28,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import date, datetime, timezone
+from datetime import date
 from typing import Any, Sequence
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 from .language import match_query
-from .retrieval import Candidate
+from .fusion import Candidate
 
 MAX_SPEAKER_CHARS = 100
 MAX_EPISODE_CHARS = 200
@@ -70,32 +70,6 @@ _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "Augu
 
 
 # -- input ----------------------------------------------------------------------------------------
-
-def parse_occurred_at(value: Any, where: str) -> str | None:
-    """ISO 8601 text for a date or date-time (a ``datetime``/``date`` is accepted too).
-
-    Kept as the caller's precision: ``2023-05-08`` stays a date, ``2023-05-08T13:56`` a local time,
-    an offset is kept. Sorting the stored text sorts by time for values written the same way.
-    """
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value.isoformat(timespec="seconds" if value.second or value.microsecond else "minutes")
-    if isinstance(value, date):
-        return value.isoformat()
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidInputError(f"{where}.occurred_at must be ISO 8601 text such as 2023-05-08 or 2023-05-08T13:56, got {value!r}.")
-    text = value.strip()
-    try:
-        if len(text) == 10:
-            return date.fromisoformat(text).isoformat()
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise InvalidInputError(f"{where}.occurred_at is not an ISO 8601 date or time: {value!r} ({exc}).") from exc
-    if parsed.tzinfo is not None and parsed.utcoffset() == timezone.utc.utcoffset(None):
-        return parsed.isoformat(timespec="minutes" if not parsed.second else "seconds").replace("+00:00", "Z")
-    return parsed.isoformat(timespec="minutes" if not parsed.second and not parsed.microsecond else "seconds")
-
 
 def check_label(value: Any, what: str, limit: int, where: str) -> str | None:
     """A speaker name or an episode key: one line of 1-``limit`` characters."""
