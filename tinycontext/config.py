@@ -91,6 +91,11 @@ class TinyContextConfig(BaseModel):
     recall_episode_weight: float = Field(0.3, ge=0.0, le=10.0)
     recall_neighbour_weight: float = Field(0.5, ge=0.0, le=1.0)
     recall_speaker_boost: float = Field(0.5, ge=0.0, le=10.0)
+    # How conversation turns are ranked: "learned" (a linear score over each candidate turn's BM25, dense,
+    # episode, neighbour, speaker and length signals, fitted on LoCoMo dev: retrieval/conversation.py FUSION_WEIGHTS) or
+    # "rrf" (weighted RRF plus the three hand-tuned settings above, which "learned" does not use). Memories
+    # that are not turns are ranked by weighted RRF either way (notes/locomo.md).
+    recall_fusion: Literal["learned", "rrf"] = "learned"
     # Time a question names ("on 13 October 2023", "in May", "last week"; tinycontext/retrieval/time_windows.py): a memory
     # that happened then (occurred_at, else when it was saved) scores x(1 + boost). 0: off (notes/locomo.md).
     recall_time_boost: float = Field(0.0, ge=0.0, le=10.0)

@@ -436,7 +436,7 @@ class MemoryEngine:
                rrf_k: float | None = None, candidates: int | None = None, filters: Filters | dict | None = None,
                episode_weight: float | None = None, neighbour_weight: float | None = None, speaker_boost: float | None = None,
                min_dense: float | None = None, score_cliff: float | None = None, time_boost: float | None = None,
-               signals: Signals | None = None, ranking: int = 0) -> dict:
+               signals: Signals | None = None, ranking: int = 0, fusion: str | None = None) -> dict:
         """The library answer: full memory dicts whose content fits ``max_tokens``. Interfaces that
         hand text to an agent use :meth:`recall_rendered`, whose budget covers what they render.
         ``filters`` (see :mod:`tinycontext.retrieval.filters`) narrows by tags, metadata and time.
@@ -450,7 +450,7 @@ class MemoryEngine:
         ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset,
                             dense_weight=dense_weight, rrf_k=rrf_k, candidates=candidates, filters=filters,
                             episode_weight=episode_weight, neighbour_weight=neighbour_weight, speaker_boost=speaker_boost,
-                            min_dense=min_dense, score_cliff=score_cliff, time_boost=time_boost, signals=signals)
+                            min_dense=min_dense, score_cliff=score_cliff, time_boost=time_boost, signals=signals, fusion=fusion)
         window = ranked["window"]
         chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, ranked["top_k"])
         memories = [window[p] for p in chosen]
@@ -494,7 +494,8 @@ class MemoryEngine:
               dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None,
               filters: Filters | dict | None = None, episode_weight: float | None = None,
               neighbour_weight: float | None = None, speaker_boost: float | None = None, min_dense: float | None = None,
-              score_cliff: float | None = None, time_boost: float | None = None, signals: Signals | None = None) -> dict:
+              score_cliff: float | None = None, time_boost: float | None = None, signals: Signals | None = None,
+              fusion: str | None = None) -> dict:
         """Ranked memories from ``offset`` on (full dicts with rank and scores), before any budget."""
         query = self._check_query(query)
         top_k = self.config.recall_top_k if top_k is None else top_k
@@ -510,6 +511,9 @@ class MemoryEngine:
         min_dense = _check_number(self.config.recall_min_dense if min_dense is None else min_dense, "min_dense", 0.0, 1.0)
         cliff = _check_number(self.config.recall_score_cliff if score_cliff is None else score_cliff, "score_cliff", 0.0, 0.99)
         time_boost = _check_number(self.config.recall_time_boost if time_boost is None else time_boost, "time_boost", 0.0, 10.0)
+        fusion = self.config.recall_fusion if fusion is None else fusion
+        if fusion not in ("learned", "rrf"):
+            raise InvalidInputError(f"fusion must be 'learned' or 'rrf', got {fusion!r}.")
         # Resolved once per recall (dateparser only runs when the query has a date phrase).
         windows = when.question_windows(query, datetime.now()) if time_boost else []
         depth, session, tag_list, filters = self._search_scope(session_id, tags, filters, candidates)
@@ -533,10 +537,10 @@ class MemoryEngine:
             ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
             # The relevance floor: its own step, so re-rankers before or after it compose.
             ranked, below_floor = relevance_floor(ranked, min_dense)
-            if ranked and (episode_weight or neighbour_weight or speaker_boost):
+            if ranked and (fusion == "learned" or episode_weight or neighbour_weight or speaker_boost):
                 # A neighbour outside the candidates may join only when nothing filtered them.
                 ranked = self._conversation_rerank(query, session, ranked, dense_hits, episode_weight, neighbour_weight, speaker_boost,
-                                                   expand=not tag_list and not filters)
+                                                   expand=not tag_list and not filters, fusion=fusion)
             if ranked and windows:
                 ranked = when.boost(ranked, self._times([c.id for c in ranked]), windows, time_boost)
             return ranked, below_floor
@@ -604,10 +608,10 @@ class MemoryEngine:
         return Signals(query, session, tuple(tag_list), filters, depth, bm25, tuple(pending.result()) if pending else None)
 
     def _conversation_rerank(self, query: str, session: str | None, ranked: list, dense_hits: list, episode_weight: float,
-                             neighbour_weight: float, speaker_boost: float, *, expand: bool) -> list:
+                             neighbour_weight: float, speaker_boost: float, *, expand: bool, fusion: str) -> list:
         def turns(ids) -> dict[int, tuple]:
-            return {r[0]: (r[1], r[2]) for r in self.store.read(
-                "SELECT id, episode_id, speaker FROM memories WHERE id IN (SELECT value FROM json_each(?)) "
+            return {r[0]: (r[1], r[2], r[3]) for r in self.store.read(
+                "SELECT id, episode_id, speaker, length(content) FROM memories WHERE id IN (SELECT value FROM json_each(?)) "
                 "AND (episode_id IS NOT NULL OR speaker IS NOT NULL)", (json.dumps(ids),))}
 
         candidates = [c.id for c in ranked]
@@ -616,10 +620,19 @@ class MemoryEngine:
         info = turns(candidates)
         if not info:
             return ranked
-        if neighbour_weight and expand:
+        learned = fusion == "learned" and bool(dense_hits)
+        if learned:
+            # The features read the turns two either side of a candidate (a joining neighbour's own
+            # neighbour) and the dense hits' episodes.
+            near = {i + step for i in candidates for step in (-2, -1, 1, 2)} | {i for i, _ in dense_hits}
+            info.update(turns(sorted(near.difference(candidates))))
+        elif neighbour_weight and expand:
             info.update(turns(sorted({i + step for i in candidates for step in (-1, 1)}.difference(candidates))))
-        has_episodes = any(e is not None for e, _ in info.values())
-        episode_hits = conversation.episode_bm25(self.store, query, session, self.config.fts_tokenizer) if episode_weight and has_episodes else []
+        has_episodes = any(turn[0] is not None for turn in info.values())
+        wants_episodes = has_episodes and (learned or episode_weight)
+        episode_hits = conversation.episode_bm25(self.store, query, session, self.config.fts_tokenizer) if wants_episodes else []
+        if learned:
+            return conversation.learned_rerank(ranked, info, query=query, episode_hits=episode_hits, dense_hits=dense_hits, expand=expand)
         return conversation.rerank(ranked, info, query=query, episode_hits=episode_hits, dense_hits=dense_hits,
                                    episode_weight=episode_weight if has_episodes else 0.0,
                                    neighbour_weight=neighbour_weight if has_episodes else 0.0, speaker_boost=speaker_boost,
