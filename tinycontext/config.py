@@ -127,8 +127,11 @@ class TinyContextConfig(BaseModel):
     scrape_max_tokens: int = Field(4000, ge=50, le=100_000)
     # Separate budget for a page's related links (part of scrape_max_tokens, not added to it).
     scrape_links_max_tokens: int = Field(300, ge=0, le=10_000)
-    # Longest passage scrape_urls cuts a page into (passages follow headings and paragraphs).
-    scrape_chunk_tokens: int = Field(160, ge=20, le=2000)
+    # Longest unit scrape_urls returns whole (a paragraph, list item, table row; a longer one is cut at
+    # sentences). 256: MiniLM reads that much of a text.
+    scrape_chunk_tokens: int = Field(256, ge=20, le=2000)
+    # Units of one section are also ranked as passages of about this many tokens (their context).
+    scrape_passage_tokens: int = Field(160, ge=20, le=2000)
     # A ranked passage gains this share of its better same-section neighbour's score (evidence spanning passages).
     scrape_neighbour_weight: float = Field(0.5, ge=0.0, le=2.0)
     # A ranked passage also gains this share of the score of its best paragraph or sentence (read with its
