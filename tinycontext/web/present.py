@@ -114,10 +114,12 @@ def scrape_page(pages: Sequence[PageResult], *, max_tokens: int, counter: TokenC
                 order: str = "page") -> Page:
     """Fill ``max_tokens`` with the pages' units (each page's best first), grouped per page.
 
-    Links get at most ``links_max_tokens`` (and a fifth of the budget); when even the outcomes and
-    links leave no room, links go first; a budget that cannot hold the outcomes is an error.
+    Links get at most ``links_max_tokens`` (and a tenth of the budget), and none below
+    ``LINKS_FROM_TOKENS``: at agent-sized budgets every token goes to the passages. When even the
+    outcomes and links leave no room, links go first; a budget that cannot hold the outcomes is an error.
     """
-    fitted = _scrape_page(pages, max_tokens, counter, min(links_max_tokens, max_tokens // 5), order)
+    links = min(links_max_tokens, max_tokens // 10) if max_tokens >= LINKS_FROM_TOKENS else 0
+    fitted = _scrape_page(pages, max_tokens, counter, links, order)
     if fitted.tokens > max_tokens:
         fitted = _scrape_page(pages, max_tokens, counter, 0, order)
     if fitted.tokens > max_tokens:
@@ -126,6 +128,8 @@ def scrape_page(pages: Sequence[PageResult], *, max_tokens: int, counter: TokenC
     return fitted
 
 
+# Below this budget an answer has no links (real-page dev set: links at 300 tokens cost a passage in 30).
+LINKS_FROM_TOKENS = 1000
 # A new window costs its frame and its structured entry's keys and offsets beyond its text; filling
 # estimates with these, and the whole answer is counted exactly at the end.
 _WINDOW_TEXT_COST = 4

@@ -64,6 +64,16 @@ def rank_passages(query: str, texts: Sequence[str], embedder, config: TinyContex
     return [(c.id, c.rrf) for c in fuse(bm25, dense, dense_weight=weight, k=config.recall_rrf_k)]
 
 
+def passages_of(chunks: Sequence[Chunk]) -> tuple[list[int], list[str], list[tuple[str, ...]]]:
+    """The passages the chunks belong to, in page order: their ids, texts (the chunks joined by blank
+    lines) and heading paths."""
+    members: dict[int, list[Chunk]] = {}
+    for c in chunks:
+        members.setdefault(c.passage, []).append(c)
+    ids = list(members)
+    return ids, ["\n\n".join(c.text for c in members[p]) for p in ids], [members[p][0].heading_path for p in ids]
+
+
 def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyContextConfig) -> list[tuple[int, float]]:
     """(position, score) of the chunks (the page's units), best first: the fused score of its passage (after
     the neighbour boost) plus ``scrape_unit_weight`` times the fused score of its best unit among all the
@@ -74,12 +84,7 @@ def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyConte
     unit of a long page costs more than its passages."""
     if not chunks:
         return []
-    members: dict[int, list[int]] = {}
-    for i, c in enumerate(chunks):
-        members.setdefault(c.passage, []).append(i)
-    ids = list(members)
-    texts = ["\n\n".join(chunks[i].text for i in members[p]) for p in ids]
-    sections = [chunks[members[p][0]].heading_path for p in ids]
+    ids, texts, sections = passages_of(chunks)
     passages = boost_neighbours(rank_passages(query, texts, embedder, config), sections, config.scrape_neighbour_weight)
     context = {ids[k]: score for k, score in passages}
     best: dict[int, float] = {}
