@@ -14,13 +14,13 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from ..budget import TokenCounter, fit_budget
+from ..budget.tokens import TokenCounter, fit_budget
 from ..errors import RecallBudgetError
-from ..render import Page, one_line, to_json
+from ..budget.render import Page, one_line, to_json
 
 if TYPE_CHECKING:
     from .chunk import Chunk
-    from .scrape import PageResult
+    from .pages import PageResult
 
 
 def interleave(pages: Sequence[PageResult]) -> list[tuple[int, Chunk]]:

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from .budget import TokenCounter
-from .conversation import display_text
-from .errors import InvalidInputError, RecallBudgetError
+from .tokens import TokenCounter
+from ..retrieval.conversation import display_text
+from ..errors import InvalidInputError, RecallBudgetError
 
 Detail = Literal["compact", "full"]
 DETAILS: tuple[str, ...] = ("compact", "full")
@@ -35,6 +35,11 @@ T = TypeVar("T")
 def to_json(value: Any) -> str:
     """The JSON an interface sends (compact, UTF-8): what the structured-content budget counts."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def plural(count: int, singular: str, many: str | None = None) -> str:
+    """``1 memory``, ``2 memories``, ``1 token``: a count with its noun in the right number."""
+    return f"{count} {singular if count == 1 else many or singular + 's'}"
 
 
 def one_line(text: str) -> str:
