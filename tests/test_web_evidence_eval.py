@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from web_evidence import (REAL_PAGES, PageServer, bm25_paragraphs, evaluate, evidence_recall, locomo_site, passage_share,
                           real_site, scifact_site, summarise)
 from tinycontext import TinyContextConfig
-from tinycontext.budget import TokenCounter
+from tinycontext.budget.tokens import TokenCounter
 
 
 def test_evidence_recall_ignores_markup_and_case():

@@ -117,7 +117,9 @@ def test_no_passage_is_over_the_chunk_size_whatever_the_script(text):
     chunks = chunk_markdown(markdown, counter, max_tokens=160)
     assert len(chunks) > 2 and all(c.tokens <= 160 for c in chunks)
     assert all(markdown[c.start:c.end] == c.text for c in chunks)
-    assert "".join(c.text for c in chunks).replace("\n", "") == markdown.replace("\n", "")  # nothing lost or added
+    assert all(c.heading_path == ("Title",) for c in chunks)  # the heading is the chunks' path, not a chunk
+    body = markdown.removeprefix("# Title\n\n")
+    assert "".join(c.text for c in chunks).replace("\n", "") == body.replace("\n", "")  # nothing lost or added
 
 
 def test_short_posts_next_to_action_links_are_kept():
