@@ -105,10 +105,11 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
     if not markdown.strip():
         result.outcome = "empty"
         return result
-    result.chunks = chunk_markdown(markdown, counter, max_tokens=config.scrape_chunk_tokens)
+    result.chunks = chunk_markdown(markdown, counter, max_tokens=config.scrape_chunk_tokens,
+                                   passage_tokens=config.scrape_passage_tokens)
     if len(result.chunks) > config.scrape_max_chunks:
         result.chunks = result.chunks[:config.scrape_max_chunks]
-        result.note = f"the page was read up to its first {config.scrape_max_chunks} passages (scrape_max_chunks)"
+        result.note = f"the page was read up to its first {config.scrape_max_chunks} units (scrape_max_chunks)"
     result.markdown_tokens = counter.count(markdown)
     result.links = page.links
     _in_time(deadline)
