@@ -153,7 +153,7 @@ class TinyContextConfig(BaseModel):
     scrape_neighbour_weight: float = Field(0.5, ge=0.0, le=2.0)
     # A ranked passage also gains this share of the score of its best paragraph or sentence (read with its
     # heading path) ranked among all the page's; 0: passages are scored whole only (and units are not embedded).
-    scrape_unit_weight: float = Field(0.5, ge=0.0, le=10.0)
+    scrape_unit_weight: float = Field(0.5, ge=0.0, le=2.0)
     # Only the units of this many best-ranked passages of a page are embedded (all its units are ranked by
     # BM25, which is cheap): more than fit in the default scrape budget, so a long page never seen before
     # costs little more than its passages.
