@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from tinycontext import MemoryEngine, TinyContextConfig, codes
-from tinycontext.store import Store
+from tinycontext import MemoryEngine, TinyContextConfig
+from tinycontext.memory import codes
+from tinycontext.memory.store import Store
 
 N_SENTENCES = 120
 

@@ -7,8 +7,11 @@ environment variables.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import sys
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +24,8 @@ APP_NAME = "tinycontext"
 ENV_PREFIX = "TINYCONTEXT_"
 CONFIG_PATH_ENV = "TINYCONTEXT_CONFIG_PATH"
 CONFIG_FILE_NAME = "context_config.json"
+# MCP transports `tinycontext serve` offers (MCP_TRANSPORT); here so the CLI can list them without the server extra.
+TRANSPORTS: tuple[str, ...] = ("stdio", "sse", "streamable-http")
 
 
 def default_db_path() -> Path:
@@ -44,12 +49,12 @@ class TinyContextConfig(BaseModel):
     models_dir: Path = Field(default_factory=default_models_dir)
     embedding_model: str = "fast"
     embedding_batch_size: int = Field(32, ge=1, le=1024)
-    # Where vectors come from (tinycontext/embedders): "onnx" (embedding_model is a bundled/hub model),
-    # "openai" (/v1/embeddings) or "ollama" (/api/embed) at embedding_url (embedding_model is the
-    # server's model name), or a registered/entry-point backend.
-    # FTS5 tokenizer (tinycontext/language.py): "porter" (English stemming), "unicode61" (no stemming,
+    # FTS5 tokenizer (tinycontext/retrieval/language.py): "porter" (English stemming), "unicode61" (no stemming,
     # other languages), "trigram" (substrings: Chinese, Japanese, compounds). Changing it rebuilds the index on open.
     fts_tokenizer: Literal["porter", "unicode61", "trigram"] = "porter"
+    # Where vectors come from (tinycontext/models): "onnx" (embedding_model is a bundled/hub model),
+    # "openai" (/v1/embeddings) or "ollama" (/api/embed) at embedding_url (embedding_model is the
+    # server's model name), or a registered/entry-point backend.
     # "none": no model, keyword-only (BM25) search; vectors are filled in by `tinycontext reindex` later.
     embedding_backend: str = "onnx"
     # When the model cannot be loaded: run keyword-only instead of failing with model_unavailable.
@@ -70,7 +75,7 @@ class TinyContextConfig(BaseModel):
     recall_candidates: int = Field(100, ge=1, le=10_000)
     encoding_name: str = "o200k_base"
     recall_dense_weight: float = Field(0.5, ge=0.0, le=1.0)
-    # k=10 beat the customary 60 on SciFact train (0.727 vs 0.718 nDCG@10) and LoCoMo (R@10 0.65 vs 0.60).
+    # k=10, not the customary 60: it won on SciFact train and LoCoMo (notes/design_figures.md).
     recall_rrf_k: float = Field(10, gt=0)
     # Relevance floor: memories with no lexical match and a dense cosine below this are not returned (0: off);
     # chosen from scripts/tune_floor.py's sweep (notes/relevance_floor.md).
@@ -80,13 +85,18 @@ class TinyContextConfig(BaseModel):
     recall_score_cliff: float = Field(0.25, ge=0.0, le=0.99)
     # Rows BM25 may score per recall: the query's commonest words are dropped past it (0: no bound).
     recall_fts_budget: int = Field(30_000, ge=0)
-    # Conversations (tinycontext/conversation.py): a turn gains weight / (3 + its episode's rank), a
+    # Conversations (tinycontext/retrieval/conversation.py): a turn gains weight / (3 + its episode's rank), a
     # share of the score of the turn before/after it, and x(1 + boost) when the query names its speaker.
     # 0 turns a signal off. Chosen on LoCoMo dev with leave-one-conversation-out checks (notes/locomo.md).
     recall_episode_weight: float = Field(0.3, ge=0.0, le=10.0)
     recall_neighbour_weight: float = Field(0.5, ge=0.0, le=1.0)
     recall_speaker_boost: float = Field(0.5, ge=0.0, le=10.0)
-    # Time a question names ("on 13 October 2023", "in May", "last week"; tinycontext/when.py): a memory
+    # How conversation turns are ranked: "learned" (a linear score over each candidate turn's BM25, dense,
+    # episode, neighbour, speaker and length signals, fitted on LoCoMo dev: retrieval/conversation.py FUSION_WEIGHTS) or
+    # "rrf" (weighted RRF plus the three hand-tuned settings above, which "learned" does not use). Memories
+    # that are not turns are ranked by weighted RRF either way (notes/locomo.md).
+    recall_fusion: Literal["learned", "rrf"] = "learned"
+    # Time a question names ("on 13 October 2023", "in May", "last week"; tinycontext/retrieval/time_windows.py): a memory
     # that happened then (occurred_at, else when it was saved) scores x(1 + boost). 0: off (notes/locomo.md).
     recall_time_boost: float = Field(0.0, ge=0.0, le=10.0)
     # Which memories of one save call form an episode when they name none: "turns" (those with a
@@ -106,7 +116,7 @@ class TinyContextConfig(BaseModel):
     # Vectors held in RAM for fast exact dense search (0: always query sqlite-vec); bigger sessions use sqlite-vec.
     vector_cache_max: int = Field(200_000, ge=0)
     # Bigger sessions are searched in two stages up to this many vectors: sign bits in RAM (~56 bytes a
-    # vector with its id), int8 codes read from the database for the candidates (tinycontext/vector_index.py).
+    # vector with its id), int8 codes read from the database for the candidates (tinycontext/memory/vector_index.py).
     vector_quantized_max: int = Field(20_000_000, ge=0)
     # Read-only connections recall and other reads use at once (WAL: they do not wait for each other or
     # for a write); 0: reads share the write connection.
@@ -122,14 +132,24 @@ class TinyContextConfig(BaseModel):
     search_timeout: float = Field(10.0, gt=0, le=120)
     # Per URL: the whole fetch (connect, redirects, body) must finish within web_fetch_timeout seconds.
     web_fetch_timeout: float = Field(15.0, gt=0, le=300)
+    # Per scrape item: fetch, decoding, extraction, chunking, embedding and ranking together (a page not
+    # read by then is a "timeout" outcome; the other items are not held up).
+    web_item_timeout: float = Field(15.0, gt=0, le=600)
     web_max_bytes: int = Field(5_000_000, ge=1024)
     web_max_redirects: int = Field(5, ge=0, le=30)
     web_user_agent: str = "Mozilla/5.0 (compatible; TinyContext/0.1)"
     scrape_max_tokens: int = Field(4000, ge=50, le=100_000)
     # Separate budget for a page's related links (part of scrape_max_tokens, not added to it).
     scrape_links_max_tokens: int = Field(300, ge=0, le=10_000)
-    # Longest passage scrape_urls cuts a page into (passages follow headings and paragraphs).
-    scrape_chunk_tokens: int = Field(160, ge=20, le=2000)
+    # Longest unit scrape_urls returns whole (a paragraph, list item, table row; a longer one is cut at
+    # sentences). 256: MiniLM reads that much of a text.
+    scrape_chunk_tokens: int = Field(256, ge=20, le=2000)
+    # Units of one section are also ranked as passages of about this many tokens (their context).
+    scrape_passage_tokens: int = Field(160, ge=20, le=2000)
+    # A page is read up to this many characters of extracted text and this many units (the answer says
+    # when a page was cut): a 5 MB page costs what its first part costs.
+    scrape_max_chars: int = Field(100_000, ge=1000)
+    scrape_max_chunks: int = Field(500, ge=1)
     # A ranked passage gains this share of its better same-section neighbour's score (evidence spanning passages).
     scrape_neighbour_weight: float = Field(0.5, ge=0.0, le=2.0)
     # A ranked passage also gains this share of the score of its best paragraph or sentence (read with its
@@ -167,6 +187,68 @@ class TinyContextConfig(BaseModel):
 
 
 FIELDS = TinyContextConfig.model_fields
+# TINYCONTEXT_* variables that are not settings: read by the servers (token), the store (driver), the
+# evaluation harness and the test suite. Any other one is a typo, and load_config says so.
+OTHER_VARIABLES = frozenset({
+    CONFIG_PATH_ENV, "TINYCONTEXT_API_TOKEN", "TINYCONTEXT_API_TOKEN_FILE", "TINYCONTEXT_API_TOKEN_SECRET",
+    "TINYCONTEXT_SQLITE_DRIVER", "TINYCONTEXT_EVAL_CACHE", "TINYCONTEXT_EVAL_STORE", "TINYCONTEXT_RUN_DIR",
+    "TINYCONTEXT_SWEEP_DIR", "TINYCONTEXT_SHARED", "TINYCONTEXT_TEST_EMBEDDER", "TINYCONTEXT_ONLINE_TESTS",
+})
+_warned: set[str] = set()  # unknown variables already reported by this process
+
+
+def known_variables() -> list[str]:
+    return sorted([ENV_PREFIX + name.upper() for name in FIELDS] + list(OTHER_VARIABLES))
+
+
+def unknown_variables(env: dict[str, str]) -> list[tuple[str, str | None]]:
+    """(variable, closest real name or None) for each TINYCONTEXT_* variable that TinyContext does not read."""
+    known = known_variables()
+    # Compared without the shared prefix, which would make every name look close.
+    suffixes = {name[len(ENV_PREFIX):]: name for name in known}
+    return [(key, next((suffixes[m] for m in difflib.get_close_matches(key[len(ENV_PREFIX):], suffixes, n=1, cutoff=0.6)), None))
+            for key in sorted(env) if key.startswith(ENV_PREFIX) and key not in known]
+
+
+def _warn_unknown(env: dict[str, str]) -> None:
+    for key, close in unknown_variables(env):
+        if key not in _warned:
+            _warned.add(key)
+            hint = f"did you mean {close}?" if close else "see README.md, section Configuration, for the settings."
+            print(f"warning: {key} is not a TinyContext setting and is ignored; {hint}", file=sys.stderr)
+
+
+def allowed_values(name: str) -> str:
+    """What a setting accepts, in words: 'porter, unicode61 or trigram', 'an integer from 1 to 1000'."""
+    field = FIELDS[name]
+    annotation, args = field.annotation, typing.get_args(field.annotation)
+    if typing.get_origin(annotation) is Literal:
+        return "one of " + ", ".join(map(str, args))
+    kinds = {annotation, *args}
+    kind = ("true or false" if bool in kinds else "an integer" if int in kinds else "a number" if float in kinds
+            else "a path" if Path in kinds else "text")
+    bounds = {key: getattr(m, key) for m in field.metadata for key in ("ge", "gt", "le", "lt") if getattr(m, key, None) is not None}
+    if "ge" in bounds and "le" in bounds:
+        kind += f" from {bounds['ge']} to {bounds['le']}"
+    else:
+        kind += "".join(f" {words} {bounds[key]}" for key, words in
+                        (("ge", "of at least"), ("gt", "above"), ("le", "of at most"), ("lt", "below")) if key in bounds)
+    return kind + (" (or unset)" if type(None) in kinds else "")
+
+
+def _one_line(exc: ValidationError, source_of: dict[str, str]) -> str:
+    """A pydantic error as one line per setting: where the value came from, what is wrong, what is allowed."""
+    parts = []
+    for error in exc.errors():
+        name = str(error["loc"][0]) if error["loc"] else "?"
+        where = source_of.get(name, name)
+        if error["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(name, list(FIELDS), n=1, cutoff=0.6)
+            parts.append(f"{where}: unknown setting {name!r}" + (f"; did you mean {close[0]!r}?" if close else "; see README.md, section Configuration."))
+            continue
+        value = str(error.get("input"))[:60]
+        parts.append(f"{where}={value!r} is not allowed ({error['msg']}); {name} takes {allowed_values(name)}.")
+    return " ".join(parts)
 
 
 def _coerce_env(name: str, raw: str) -> Any:
@@ -209,12 +291,16 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
         if isinstance(model, str) and model.startswith((".", "/")):
             data["embedding_model"] = str((file.parent / model).resolve())
         values.update(data)
+    source_of = {name: f"{file} key" for name in values}
     for name in FIELDS:
         key = ENV_PREFIX + name.upper()
         if key in env:
             values[name] = _coerce_env(name, env[key])
+            source_of[name] = key
+    _warn_unknown(env)
     values.update(overrides)
+    source_of.update({name: f"override {name}" for name in overrides})
     try:
         return TinyContextConfig(**values)
     except ValidationError as exc:
-        raise ConfigError(f"Invalid configuration ({file if file.is_file() else 'env'}): {exc}") from exc
+        raise ConfigError(f"Invalid configuration: {_one_line(exc, source_of)}") from exc

@@ -24,6 +24,9 @@ from ..guard import Decision, Guard
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024
+# Marks the proxy's refusal, so that a navigation that ends on it (a redirect to a refused address)
+# is told apart from a page that answers 403.
+BLOCK_HEADER = "X-TinyContext-Blocked"
 HEAD_TIMEOUT_S = 30
 CONNECT_TIMEOUT_S = 15
 # Hop-by-hop headers a proxy must not forward (RFC 9110 7.6.1), plus the proxy's own.
@@ -31,10 +34,18 @@ _HOP = {b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization
         b"trailer", b"upgrade"}
 
 
+class RefuseAll:
+    """The guard of the browser-wide proxy: the browser's own requests (updates, hints, sign-in checks,
+    whatever a new Chromium adds) are refused whatever the address; pages use their context's proxy."""
+
+    async def adecide(self, url: str) -> Decision:
+        return Decision(False, "browser_background", url, detail="the browser's own background request")
+
+
 class GuardProxy:
     """One listener on 127.0.0.1 for one browser context; ``on_block`` hears each refusal."""
 
-    def __init__(self, guard: Guard, on_block: Callable[[Decision], None]):
+    def __init__(self, guard: Guard | RefuseAll, on_block: Callable[[Decision], None]):
         self.guard = guard
         self.on_block = on_block
         self.server: asyncio.AbstractServer | None = None
@@ -87,7 +98,8 @@ class GuardProxy:
         decision = await self.guard.adecide(url)
         if not decision.allowed:
             self.on_block(decision)
-            await _reply(writer, 403, f"Blocked by the SSRF guard: {decision.detail or decision.reason}")
+            await _reply(writer, 403, f"Blocked by the SSRF guard: {decision.detail or decision.reason}",
+                         {BLOCK_HEADER: decision.reason})
             return
         upstream_reader, upstream_writer = await self._connect(decision)
         try:
@@ -138,9 +150,10 @@ async def _pipe(client_reader, client_writer, upstream_reader, upstream_writer) 
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _reply(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+async def _reply(writer: asyncio.StreamWriter, status: int, message: str, headers: dict[str, str] | None = None) -> None:
     body = message.encode()
     reason = {400: "Bad Request", 403: "Forbidden"}[status]
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
-                 f"Connection: close\r\n\r\n".encode() + body)
+                 f"{extra}Connection: close\r\n\r\n".encode() + body)
     await writer.drain()

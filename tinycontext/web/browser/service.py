@@ -25,13 +25,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...budget import TokenCounter
+from ...budget.tokens import TokenCounter
 from ...config import TinyContextConfig
 from ...errors import InvalidInputError, TinyContextError
-from ...render import MIN_AGENT_TOKENS, to_json
-from ..guard import Decision, Guard
+from ...budget.render import MIN_AGENT_TOKENS, to_json
+from ..guard import BlockedURLError, Decision, Guard
 from . import launch
-from .proxy import GuardProxy
+from .proxy import BLOCK_HEADER, GuardProxy, RefuseAll
 from .snapshot import REF_RE, Node, assign_refs, build_tree, fit_lines, render, walk
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class Session:
     next_ref: int = 1
     seen: set[str] = field(default_factory=set)
     events: list[str] = field(default_factory=list)
+    refused: list[Decision] = field(default_factory=list)  # the guard's refusals since the last navigate
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
     closed: bool = False
@@ -110,6 +111,9 @@ class BrowserService:
         self.thread.start()
         self._playwright = None
         self._browser = None
+        self._sink: GuardProxy | None = None
+        # The browser's own requests that its browser-wide proxy refused (none is expected; tests check).
+        self.background: list[str] = []
         self._browser_lock: asyncio.Lock | None = None
         self._slots: asyncio.Condition | None = None
         self._reaper: asyncio.Task | None = None
@@ -163,7 +167,9 @@ class BrowserService:
                 pass
         if self._playwright is not None:
             await self._playwright.stop()
-        self._browser = self._playwright = None
+        if self._sink is not None:
+            await self._sink.close()
+        self._browser = self._playwright = self._sink = None
 
     # -- browser and sessions -------------------------------------------------------------------
 
@@ -181,8 +187,13 @@ class BrowserService:
                     self._browser = await chromium.connect_over_cdp(self.config.browser_cdp_url,
                                                                     timeout=self.config.browser_timeout_seconds * 1000)
                 else:
+                    if self._sink is None:
+                        self._sink = GuardProxy(RefuseAll(), self._background)
+                        await self._sink.start()
+                    # Contexts get their own guarded proxies; everything else the browser sends goes here.
                     self._browser = await chromium.launch(
                         executable_path=str(launch.find_executable(self.config)), args=launch.LAUNCH_ARGS,
+                        proxy={"server": self._sink.url, "bypass": "<-loopback>"},
                         chromium_sandbox=launch.sandboxed(), timeout=self.config.browser_timeout_seconds * 1000)
             except TinyContextError:
                 raise
@@ -191,6 +202,11 @@ class BrowserService:
                 raise BrowserError(f"Cannot start the browser ({where}): {_first_line(exc)}. Run `tinycontext doctor`.") from exc
             self._browser.on("disconnected", self._browser_gone)
             return self._browser
+
+    def _background(self, decision: Decision) -> None:
+        if len(self.background) < MAX_EVENTS:
+            self.background.append(decision.url)
+        log.debug("refused the browser's own request to %s", decision.url)
 
     def _browser_gone(self, _browser=None) -> None:
         # Contexts die with the browser: forget them so the next call starts afresh.
@@ -254,6 +270,8 @@ class BrowserService:
         session.context.on("page", lambda page: asyncio.ensure_future(self._adopt(session, page, opened=bool(session.tabs))))
 
     def _blocked(self, session: Session, decision: Decision) -> None:
+        if len(session.refused) < MAX_EVENTS:
+            session.refused.append(decision)
         session.note(f"blocked a request to {decision.url.removesuffix('/')} ({decision.reason}: the SSRF guard refuses it)")
 
     async def _adopt(self, session: Session, page, *, opened: bool = False) -> Tab:
@@ -338,10 +356,14 @@ class BrowserService:
             if tab is None:
                 tab = await self._adopt(session, await session.context.new_page())
                 session.current = tab.id
+            session.refused.clear()
             try:
-                await tab.page.goto(url, wait_until="load")
+                _raise_if_refused(session, await tab.page.goto(url, wait_until="load"))
+            except TinyContextError:
+                raise
             except Exception as exc:  # noqa: BLE001 - Playwright errors carry net:: codes and timeouts
                 if "Timeout" not in type(exc).__name__:
+                    _raise_if_refused(session, None, exc)
                     raise BrowserError(f"Cannot open {url}: {_first_line(exc)}" + _block_hint(session)) from exc
                 session.note(f"the page did not finish loading within {self.config.browser_timeout_seconds:g} s")
             await _settle(tab)
@@ -388,8 +410,12 @@ class BrowserService:
                 timed_out = False
                 try:
                     response = await tab.page.goto(url, wait_until="load")
+                    _raise_if_refused(session, response)
+                except TinyContextError:
+                    raise
                 except Exception as exc:  # noqa: BLE001 - Playwright errors carry net:: codes and timeouts
                     if "Timeout" not in type(exc).__name__:
+                        _raise_if_refused(session, None, exc)
                         raise BrowserError(f"Cannot open {url}: {_first_line(exc)}" + _block_hint(session)) from exc
                     response, timed_out = None, True
                 await _settle(tab)
@@ -666,6 +692,17 @@ def _check_view_args(find: str | None, depth: int | None, max_tokens: int | None
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def _raise_if_refused(session: Session, response, error: Exception | None = None) -> None:
+    """A navigation that ended on the guard's refusal (a redirect to a refused address: the proxy's
+    403 for http, a refused CONNECT for https) is a ``blocked`` error, not a page."""
+    if response is not None and BLOCK_HEADER.lower() in response.headers:
+        raise BlockedURLError(f"{response.url!r} refused: a redirect led to an address the SSRF guard refuses "
+                              f"({response.headers[BLOCK_HEADER.lower()]})",
+                              reason=response.headers[BLOCK_HEADER.lower()], url=response.url)
+    if error is not None and "ERR_TUNNEL_CONNECTION_FAILED" in str(error) and session.refused:
+        raise session.refused[0].error()
 
 
 def _block_hint(session: Session) -> str:

@@ -1,0 +1,569 @@
+"""The ``tinycontext`` command: the stdio MCP server (default), doctor, and memory commands for humans.
+
+Each subcommand is a function registered with ``@command(name, help, configure)``, where
+``configure`` adds its arguments; adding one is a single decorated function. TinyContext errors
+print ``code: message`` on stderr and exit 1; usage errors exit 2 (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from io import TextIOWrapper
+from pathlib import Path
+
+from .. import __version__
+from ..config import TRANSPORTS, TinyContextConfig, load_config
+from ..memory.engine import MemoryEngine
+from ..errors import InvalidInputError, ModelUnavailableError, StorageError, TinyContextError
+from ..budget.render import DETAILS, memory_block, one_line, plural, to_json
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int | None]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser], None] = lambda parser: None):
+    """Register ``run(args) -> exit code | None`` as subcommand ``name``."""
+
+    def register(run):
+        COMMANDS[name] = Command(name, help, configure, run)
+        return run
+
+    return register
+
+
+# -- shared helpers ---------------------------------------------------------------------------
+
+
+def config_of(args: argparse.Namespace, **updates) -> TinyContextConfig:
+    config = load_config(args.config)
+    return config.model_copy(update=updates) if updates else config
+
+
+@contextmanager
+def open_engine(args: argparse.Namespace, **updates) -> Iterator[MemoryEngine]:
+    # One-shot commands own their engine and close it; progress bars (stderr) show for long batches.
+    with MemoryEngine(config_of(args, **updates), progress=True) as engine:
+        yield engine
+
+
+def emit(args: argparse.Namespace, data, text: str) -> None:
+    print(json.dumps(data, ensure_ascii=False, indent=2) if args.json else text)
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+
+
+def parse_metadata(raw: str | None) -> dict | None:
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"--metadata is not valid JSON ({exc}); pass an object like '{{\"source\": \"chat\"}}'.") from exc
+    if not isinstance(value, dict):
+        raise InvalidInputError("--metadata must be a JSON object, like '{\"source\": \"chat\"}'.")
+    return value
+
+
+def add_filter_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--filter", metavar="JSON", help='filter object, e.g. \'{"tags_all": ["a", "b"], "created_at": {"gte": "2025-01-01"}}\'')
+    parser.add_argument("--all-tag", action="append", default=[], help="keep memories with every one of these tags (repeatable)")
+    parser.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE",
+                        help="keep memories whose metadata KEY equals VALUE (JSON value, else text; repeatable)")
+    parser.add_argument("--since", help="saved at or after this ISO date/time")
+    parser.add_argument("--until", help="saved before this ISO date/time")
+
+
+def filters_of(args: argparse.Namespace) -> dict | None:
+    """The --filter object with the shorthand flags merged in (the flags win)."""
+    try:
+        filters = json.loads(args.filter) if args.filter else {}
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"--filter is not valid JSON ({exc.msg}).") from exc
+    if not isinstance(filters, dict) or not all(isinstance(filters.get(k, {}), (dict, list)) for k in ("metadata", "created_at", "tags_all")):
+        raise InvalidInputError("--filter must be a JSON object like '{\"tags_all\": [\"a\"]}'.")
+    if args.all_tag:
+        filters["tags_all"] = [*filters.get("tags_all", []), *args.all_tag]
+    for pair in args.meta:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise InvalidInputError(f"--meta {pair!r}: write KEY=VALUE.")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        filters.setdefault("metadata", {})[key] = value
+    for flag, op in (("since", "gte"), ("until", "lt")):
+        if getattr(args, flag):
+            filters.setdefault("created_at", {})[op] = getattr(args, flag)
+    return filters or None
+
+
+def read_memories(text: str) -> list:
+    """Memories from stdin: a JSON memory, a list of them, {"memories": [...]}, or JSONL (one per line)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    data.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise InvalidInputError(
+                        f"stdin line {number} is not JSON ({exc.msg}). Send a JSON memory {{\"content\": ...}}, "
+                        "a list of them, or JSONL with one per line.") from exc
+    if isinstance(data, dict) and "memories" in data:
+        data = data["memories"]
+    return data if isinstance(data, list) else [data]
+
+
+def with_defaults(memory, tags: list[str], metadata: dict | None):
+    """Add the command line's --tag/--metadata to a memory read from stdin (its own values win)."""
+    if isinstance(memory, str):
+        memory = {"content": memory}
+    if not isinstance(memory, dict):
+        return memory  # the engine reports what is wrong with it
+    own_tags, own_metadata = memory.get("tags", []), memory.get("metadata", {})
+    if isinstance(own_tags, str):  # {"tags": "prefs"} means one tag, not five letters
+        own_tags = [own_tags]
+    if not isinstance(own_tags, list) or not isinstance(own_metadata, dict):
+        return memory  # e.g. null tags or metadata: the engine says what is wrong
+    return {**memory, "tags": [*own_tags, *tags], "metadata": {**(metadata or {}), **own_metadata}}
+
+
+# -- commands -------------------------------------------------------------------------------
+
+
+def _serve_stdio(server) -> None:
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    # The protocol gets a private copy of stdout and fd 1 is pointed at stderr, so nothing else
+    # (a stray print, a native library) can write into the JSON-RPC stream.
+    sys.stdout.flush()
+    protocol = TextIOWrapper(os.fdopen(os.dup(sys.stdout.fileno()), "wb"), encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    async def run() -> None:
+        # FastMCP.run_stdio_async always writes to sys.stdout; its low-level server takes any streams.
+        lowlevel = server._mcp_server
+        async with stdio_server(stdout=anyio.wrap_file(protocol)) as (read, write):
+            await lowlevel.run(read, write, lowlevel.create_initialization_options())
+
+    anyio.run(run)
+
+
+@command("mcp", "run the MCP server on stdio (the default when no command is given)")
+def mcp(args):
+    from ..memory.engine import close_engines
+    from ..servers.mcp_server import build_server
+
+    server = build_server(config_of(args))
+    if sys.stdin.isatty():
+        print("TinyContext MCP server on stdio; an MCP client should start it. Ctrl-C to stop; see tinycontext --help.", file=sys.stderr)
+    try:
+        _serve_stdio(server)
+    finally:
+        close_engines()
+
+
+def _doctor_args(parser):
+    add_json(parser)
+
+
+@command("doctor", "check that everything TinyContext needs works (exit 0 when ready)", _doctor_args)
+def doctor(args):
+    from .doctor import render, run_checks
+
+    report = run_checks(args.config)
+    emit(args, report, render(report))
+    return 0 if report["ok"] else 1
+
+
+def _save_args(parser):
+    parser.add_argument("content", nargs="+", help="memory text (several make several memories); '-' reads JSON/JSONL memories from stdin")
+    parser.add_argument("--tag", action="append", default=[], help="tag (repeatable)")
+    parser.add_argument("--session", help="session to save into (default: 'default')")
+    parser.add_argument("--metadata", help="JSON object stored with each memory")
+    parser.add_argument("--speaker", help="who said it (conversation turns)")
+    parser.add_argument("--occurred-at", help="when it happened, ISO 8601 (2023-05-08 or 2023-05-08T13:56)")
+    parser.add_argument("--attachment", action="append", default=[], help="text description of something shared, e.g. an image caption (repeatable)")
+    parser.add_argument("--episode", help="episode key (thread); by default one call's turns form one episode")
+    add_json(parser)
+
+
+@command("save", "save memories", _save_args)
+def save(args):
+    metadata = parse_metadata(args.metadata)
+    if args.content == ["-"]:
+        memories = [with_defaults(m, args.tag, metadata) for m in read_memories(sys.stdin.read())]
+    else:
+        memories = [{"content": text, "tags": args.tag, "metadata": metadata or {}} for text in args.content]
+    turn = {k: v for k, v in (("speaker", args.speaker), ("occurred_at", args.occurred_at), ("attachments", args.attachment)) if v}
+    memories = [{**turn, **m} if isinstance(m, dict) else m for m in memories]  # a memory's own values win
+    with open_engine(args) as engine:
+        result = engine.save(memories, session_id=args.session, episode=args.episode)
+    ids = result["ids"]
+    lines = [f"Saved {plural(len(ids), 'memory', 'memories')} in session {result['session_id']}"
+             + (f": {'id' if len(ids) == 1 else 'ids'} {id_ranges(ids)} ({plural(result['total_tokens'], 'token')})" if ids else "")]
+    lines += summarised([f"  skipped #{s['index'] + 1}: {s['reason'].replace('_', ' ')} of id {s.get('duplicate_of', s.get('similar_to'))}"
+                         for s in result["skipped"]], "skipped")
+    lines += summarised([f"  note: #{n['index'] + 1} is similar to id {n['similar_to']} (cosine {n['similarity']})"
+                         for n in result["near_duplicates"]], "near-duplicate notes")
+    emit(args, result, "\n".join(lines))
+
+
+NOTES_SHOWN = 5  # per kind of note; the rest are counted (--json lists them all)
+
+
+def id_ranges(ids: list[int]) -> str:
+    """``3, 5-9, 12``: consecutive ids as ranges (a bulk save gets one line, not thousands of numbers)."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    if len(shown) > NOTES_SHOWN * 4:
+        return ", ".join(shown[:NOTES_SHOWN * 4]) + f", ... ({len(ids)} in all; --json lists them)"
+    return ", ".join(shown)
+
+
+def summarised(lines: list[str], what: str) -> list[str]:
+    """The first few of many similar lines, then how many more there are."""
+    if len(lines) <= NOTES_SHOWN + 1:
+        return lines
+    return [*lines[:NOTES_SHOWN], f"  ... and {len(lines) - NOTES_SHOWN} more {what} (--json lists them all)"]
+
+
+def _recall_args(parser):
+    parser.add_argument("query", help="what to remember")
+    parser.add_argument("--session", help="search only this session (default: all)")
+    parser.add_argument("--max-tokens", type=int, help="token budget for the results")
+    parser.add_argument("--top-k", type=int, help="at most this many memories")
+    parser.add_argument("--tag", action="append", default=[], help="keep memories with any of these tags (repeatable)")
+    parser.add_argument("--offset", type=int, default=0, help="skip this many ranked results (paging)")
+    add_filter_args(parser)
+    parser.add_argument("--detail", choices=DETAILS, default="compact", help="compact (default) or full: also session, metadata, scores")
+    parser.add_argument("--json", action="store_true", help="print the structured answer (compact JSON, within --max-tokens)")
+
+
+@command("recall", "find the memories most relevant to a query; the whole output fits --max-tokens", _recall_args)
+def recall(args):
+    with open_engine(args) as engine:
+        page = engine.recall_rendered(args.query, session_id=args.session, max_tokens=args.max_tokens, top_k=args.top_k,
+                                      tags=args.tag, offset=args.offset, detail=args.detail, filters=filters_of(args))
+    # The output is exactly what the budget counted: the text, or the structured content as compact JSON.
+    print(to_json(page.structured) if args.json else page.text)
+
+
+def _search_args(parser):
+    parser.add_argument("query", nargs="+", help="what to search for (several quoted queries run together, up to 5)")
+    parser.add_argument("--domain", action="append", default=[], help="only results from this domain and its subdomains (repeatable)")
+    parser.add_argument("--max-tokens", type=int, help="token budget for the whole answer")
+    parser.add_argument("--json", action="store_true", help="print the structured answer (compact JSON, within --max-tokens)")
+
+
+@command("search", "search the web (backend: search_backend); results and an outcome per query", _search_args)
+def search(args):
+    from ..web import search as web_search
+
+    answer = web_search([{"query": q, "domains": args.domain} for q in args.query], args.max_tokens, config=config_of(args))
+    text = answer.pop("text")
+    print(to_json(answer) if args.json else text)
+
+
+def _scrape_args(parser):
+    parser.add_argument("url", nargs="+", help="page URL(s), up to 5, sharing one budget")
+    parser.add_argument("--query", help="keep only the passages that answer this (default: the page in order)")
+    parser.add_argument("--max-tokens", type=int, help="token budget shared by all pages")
+    parser.add_argument("--order", choices=("page", "rank"), default="page", help="passages in page order or best first")
+    parser.add_argument("--backend", choices=("http", "browser", "auto"),
+                        help="fetch over HTTP, in the browser, or auto: the browser for script-built pages (default: scrape_backend)")
+    parser.add_argument("--json", action="store_true", help="print the structured answer (compact JSON, within --max-tokens)")
+
+
+@command("scrape", "read web pages: the passages that answer --query, within --max-tokens", _scrape_args)
+def scrape(args):
+    from ..web import scrape_urls
+
+    answer = scrape_urls([{"url": u, "query": args.query} for u in args.url], args.max_tokens, order=args.order,
+                         config=config_of(args), backend=args.backend)
+    text = answer.pop("text")
+    print(to_json(answer) if args.json else text)
+
+
+def _id_args(parser):
+    parser.add_argument("id", type=int, help="memory id")
+    add_json(parser)
+
+
+@command("get", "show one memory with its edit history", _id_args)
+def get(args):
+    with open_engine(args) as engine:
+        memory = engine.get(args.id)
+    emit(args, memory, memory_block(memory))
+
+
+def _update_args(parser):
+    parser.add_argument("id", type=int, help="memory id")
+    parser.add_argument("content", nargs="?", help="new text")
+    parser.add_argument("--tag", action="append", help="new tags, replacing the old ones (repeatable)")
+    parser.add_argument("--clear-tags", action="store_true", help="remove all tags")
+    parser.add_argument("--metadata", help="new metadata JSON object (replaces the old one)")
+    parser.add_argument("--expected-version", type=int, help="only update if the memory is still at this version (else: conflict)")
+    add_json(parser)
+
+
+@command("update", "change a memory's text, tags or metadata (the old version is kept in its history)", _update_args)
+def update(args):
+    tags = [] if args.clear_tags else args.tag
+    metadata = parse_metadata(args.metadata)
+    if args.content is None and tags is None and metadata is None:
+        raise InvalidInputError("Nothing to update: give new text, --tag, --clear-tags or --metadata.")
+    with open_engine(args) as engine:
+        memory = engine.update(args.id, args.content, tags=tags, metadata=metadata, expected_version=args.expected_version)
+    emit(args, memory, memory_block(memory))
+
+
+@command("delete", "delete a memory and its history", _id_args)
+def delete(args):
+    with open_engine(args) as engine:
+        result = engine.delete(args.id)
+    emit(args, result, f"Deleted memory {result['id']}.")
+
+
+def _list_args(parser):
+    parser.add_argument("--session", help="only this session (default: all)")
+    parser.add_argument("--tag", action="append", default=None, help="only memories with any of these tags (repeatable)")
+    add_filter_args(parser)
+    parser.add_argument("--order", choices=("newest", "oldest", "id"), default="newest", help="newest (default), oldest or id")
+    parser.add_argument("--offset", type=int, default=0, help="skip this many (paging)")
+    parser.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    parser.add_argument("--max-tokens", type=int, help="token budget for the output")
+    parser.add_argument("--detail", choices=DETAILS, default="compact", help="compact (default) or full")
+    parser.add_argument("--json", action="store_true", help="print the structured answer (compact JSON)")
+
+
+@command("list", "browse memories without a query (newest first), within a token budget", _list_args)
+def list_(args):
+    with open_engine(args) as engine:
+        page = engine.list_memories(session_id=args.session, tags=args.tag, filters=filters_of(args), order=args.order,
+                                    offset=args.offset, limit=args.limit, max_tokens=args.max_tokens, detail=args.detail)
+    print(to_json(page.structured) if args.json else page.text)
+
+
+def _forget_args(parser):
+    parser.add_argument("--session", help="delete this session's memories")
+    parser.add_argument("--tag", action="append", default=None, help="delete memories with any of these tags (repeatable)")
+    add_filter_args(parser)
+    parser.add_argument("--confirm", type=int, metavar="COUNT", help="delete for real; COUNT is what the dry run reported")
+    add_json(parser)
+
+
+@command("forget", "delete memories by session, tag or filter: a dry run first, then --confirm COUNT", _forget_args)
+def forget(args):
+    with open_engine(args) as engine:
+        result = engine.delete_memories(session_id=args.session, tags=args.tag, filters=filters_of(args),
+                                        dry_run=args.confirm is None, confirm=args.confirm)
+    matched = plural(result["matched"], "memory", "memories") + (" matches" if result["matched"] == 1 else " match")
+    text = (f"{matched}; nothing deleted. Run again with --confirm {result['matched']} to delete {'it' if result['matched'] == 1 else 'them'}."
+            if result["dry_run"] else f"Deleted {plural(result['deleted'], 'memory', 'memories')}.")
+    emit(args, result, text)
+
+
+@command("sessions", "list sessions", add_json)
+def sessions(args):
+    with open_engine(args) as engine:
+        rows = engine.sessions()
+    text = "\n".join(f"{s['session_id']}\t{plural(s['memories'], 'memory', 'memories')}\t{plural(s['tokens'], 'token')}\tsince {s['created_at'][:10]}"
+                     for s in rows)
+    emit(args, rows, text or "No sessions yet.")
+
+
+@command("stats", "show database statistics", add_json)
+def stats(args):
+    with open_engine(args) as engine:
+        result = engine.stats()
+    text = "\n".join(f"{key}: {json.dumps(value) if isinstance(value, dict) else value}" for key, value in result.items())
+    emit(args, result, text)
+
+
+@command("reindex", "re-embed every memory with the configured embedding model", add_json)
+def reindex(args):
+    with open_engine(args, reindex="auto") as engine:
+        if engine.embedder is None:
+            raise ModelUnavailableError(f"Nothing to re-embed with: {engine.keyword_reason}. Configure an embedding model first.")
+        result = {"reindexed": engine.reindexed, "embedder": engine.embedder.identity}
+    model = result["embedder"]["model"]
+    text = f"Re-embedded {plural(result['reindexed'], 'memory', 'memories')} with {model}." if result["reindexed"] else f"Vectors already match {model}; nothing to re-embed."
+    emit(args, result, text)
+
+
+# -- network serving and data portability (servers/http.py, transfer.py) ----------------------
+
+
+def _serve_args(parser):
+    parser.add_argument("--host", help="address to listen on (default: $MCP_HOST or 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default: $MCP_PORT or 8765)")
+    parser.add_argument("--transport", choices=TRANSPORTS, help="MCP transport (default: $MCP_TRANSPORT or streamable-http)")
+    parser.add_argument("--rest", action="store_true", help="serve the REST API (FastAPI) instead of MCP")
+
+
+@command("serve", "serve MCP over HTTP at /mcp, or --rest the REST API; beyond loopback it needs TINYCONTEXT_API_TOKEN", _serve_args)
+def serve(args):
+    from ..servers.http import ServeSettings
+    from ..servers.http import serve as run_server
+
+    settings = ServeSettings.from_env(host=args.host, port=args.port, transport=args.transport)
+    if settings.transport == "stdio" and not args.rest:
+        return mcp(args)
+    run_server(settings, config_of(args), rest=args.rest)
+
+
+def existing_store(args):
+    from ..errors import StorageError
+    from ..memory.store import Store
+
+    path = config_of(args).memory_db_path
+    if not path.is_file():
+        raise StorageError(f"No database at {path}. Check --config / TINYCONTEXT_MEMORY_DB_PATH.")
+    return Store(path)
+
+
+def _export_args(parser):
+    parser.add_argument("--session", help="export only this session")
+    parser.add_argument("-o", "--output", help="file to write (default: stdout)")
+    parser.add_argument("--no-vectors", action="store_true", help="leave vectors out (smaller; the importer re-embeds)")
+
+
+@command("export", "write memories, sessions and history as JSONL (to stdout or --output)", _export_args)
+def export(args):
+    from ..memory.transfer import export_jsonl
+
+    store = existing_store(args)
+    try:
+        if args.output:
+            count = _export_to_file(store, Path(args.output).expanduser(), args)
+        else:
+            count = export_jsonl(store, sys.stdout, session_id=args.session, vectors=not args.no_vectors)
+    finally:
+        store.close()
+    print(f"Exported {plural(count, 'memory', 'memories')}" + (f" to {args.output}." if args.output else "."), file=sys.stderr)
+
+
+def _export_to_file(store, path: Path, args) -> int:
+    """Write beside the target, then rename: a failed export never leaves a half-written file."""
+    from ..memory.store import make_folder
+    from ..memory.transfer import export_jsonl
+
+    if path.is_dir():
+        raise InvalidInputError(f"--output {path} is a folder; give a file name, e.g. {path / 'memories.jsonl'}.")
+    make_folder(path, f"--output {path}", "Give --output")
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with open(partial, "w", encoding="utf-8") as out:
+            count = export_jsonl(store, out, session_id=args.session, vectors=not args.no_vectors)
+        os.replace(partial, path)
+    except OSError as exc:
+        with suppress(OSError):  # nothing to clean up where nothing could be written
+            partial.unlink(missing_ok=True)
+        raise StorageError(f"Cannot write --output {path}: {exc.strerror or exc}. Choose a path in a folder you can write to.") from exc
+    return count
+
+
+def _import_args(parser):
+    parser.add_argument("path", help="a `tinycontext export` JSONL file ('-' for stdin) or a legacy TinyContext SQLite database")
+    add_json(parser)
+
+
+@command("import", "import a JSONL export, or a legacy TinyContext (tinysuite-context) database", _import_args)
+def import_(args):
+    from ..memory.transfer import import_file, import_jsonl
+
+    with open_engine(args) as engine:
+        report = (import_jsonl(engine, sys.stdin, source="stdin") if args.path == "-" else import_file(engine, args.path)).to_dict()
+    text = (f"Imported {plural(report['imported'], 'memory', 'memories')} ({plural(report['history'], 'old version')}, "
+            f"{report['embedded']} embedded), skipped {report['skipped']} already present.")
+    if report["renumbered"]:
+        text += f" {len(report['renumbered'])} took new ids because theirs were taken (see --json)."
+    emit(args, report, text)
+
+
+def _backup_args(parser):
+    parser.add_argument("path", help="where to write the copy")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+    add_json(parser)
+
+
+@command("backup", "copy the live database to PATH (SQLite online backup, integrity-checked)", _backup_args)
+def backup(args):
+    from ..memory.transfer import backup as backup_db
+
+    store = existing_store(args)
+    try:
+        result = backup_db(store, args.path, overwrite=args.force)
+    finally:
+        store.close()
+    emit(args, result, f"Backed up {plural(result['memories'], 'memory', 'memories')} to {result['path']} ({plural(result['bytes'], 'byte')}).")
+
+
+# -- entry point ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tinycontext", description="Token-light local memory for AI agents. "
+                                     "With no command, runs the MCP server on stdio.")
+    parser.add_argument("--version", action="version", version=f"tinycontext {__version__}")
+    parser.add_argument("--config", metavar="PATH", help="JSON config file (default: $TINYCONTEXT_CONFIG_PATH or the per-user one)")
+    parser.add_argument("--traceback", action="store_true", help="on an unexpected error, show the Python traceback (for a bug report)")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for cmd in COMMANDS.values():
+        cmd.configure(subparsers.add_parser(cmd.name, help=cmd.help, description=cmd.help))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command or "mcp"].run(args) or 0
+    except TinyContextError as err:
+        print(one_line(str(err)), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly; point stdout at devnull so the final flush cannot fail.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as err:  # a file or folder the command needed (TinyContext's own paths are typed where they are used)
+        where = f" {err.filename}" if err.filename else ""
+        print(f"storage_error: {err.strerror or err}:{where}. Check the path and its permissions, then retry.", file=sys.stderr)
+        return 1
+    except Exception as err:  # noqa: BLE001 - one line, not a traceback; --traceback shows it for a bug report
+        if args.traceback:
+            raise
+        print(one_line(f"internal_error: {type(err).__name__}: {err}. This is a bug in TinyContext: please report it "
+                       "with the output of the same command run with --traceback."), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

