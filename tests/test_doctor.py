@@ -36,7 +36,7 @@ def test_ready_setup_exits_zero(env, tmp_path):
     report = json.loads(proc.stdout)
     by_name = checks(report)
     assert report["ok"] and all(c["ok"] for c in report["checks"])
-    assert list(by_name) == ["python", "config", "sqlite", "fts5", "sqlite-vec", "model", "embedding", "tokenizer", "database", "browser"]
+    assert list(by_name) == ["python", "config", "sqlite", "fts5", "sqlite-vec", "model", "embedding", "tokenizer", "database", "browser", "mcp tools"]
     assert by_name["sqlite"]["details"]["driver"] == sqlite_driver()[0].__name__
     assert by_name["fts5"]["details"]["available"] is True
     assert by_name["sqlite-vec"]["details"]["version"] == f"v{sqlite_vec.__version__}"
@@ -48,6 +48,11 @@ def test_ready_setup_exits_zero(env, tmp_path):
     assert "TINYCONTEXT_MEMORY_DB_PATH" in by_name["config"]["details"]["sources"]
     # Doctor reports a missing database without creating it.
     assert by_name["database"]["details"] == {"exists": False}
+    # ... and the MCP profile: the tools it lists and what their definitions cost every request.
+    tools = by_name["mcp tools"]
+    assert tools["details"]["tools"] == ["save_memories", "recall_memories"] and tools["details"]["capabilities"] == ["memory"]
+    assert tools["summary"].startswith("profile memory: 2 MCP tools") and "off: manage, web, browser" in tools["summary"]
+    assert 0 < tools["details"]["schema_tokens"] <= 450
     assert not (tmp_path / "db").exists()
 
     text = doctor(env)

@@ -182,6 +182,19 @@ class Doctor:
 
         return describe(self.config)
 
+    def tools(self):
+        from .servers import tools
+
+        listed = tools.active(self.config)
+        on = tools.enabled(self.config)
+        cost = sum(tools.schema_tokens(listed, self.config.encoding_name).values())
+        off = [c for c in tools.CAPABILITIES if c not in on]
+        summary = (f"profile {','.join(c for c in tools.CAPABILITIES if c in on) or 'none'}: {len(listed)} MCP tools "
+                   f"({', '.join(t.name for t in listed)}), {cost} tokens of tool definitions per request")
+        if off:
+            summary += f"; off: {', '.join(off)} (set tools, e.g. TINYCONTEXT_TOOLS=memory,manage, or all)"
+        return summary, {"tools": [t.name for t in listed], "capabilities": sorted(on), "schema_tokens": cost}
+
     def run(self) -> dict:
         self.check("python", self.python)
         self.check("config", self.config_check)
@@ -193,6 +206,7 @@ class Doctor:
         self.check("tokenizer", self.tokenizer, needs=self.config)
         self.check("database", self.database, needs=self.config)
         self.check("browser", self.browser, needs=self.config)
+        self.check("mcp tools", self.tools, needs=self.config)
         config = self.config
         return {
             "ok": all(c["ok"] for c in self.checks),
