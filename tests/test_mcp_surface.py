@@ -195,6 +195,57 @@ def test_every_option_of_every_tool_works_and_matches_its_output_schema(config):
             assert used.get(spec.name, set()) == set(spec.properties), spec.name
 
 
+def browser_missing() -> str | None:
+    try:
+        import playwright  # noqa: F401
+
+        from tinycontext.web.browser.launch import find_executable
+
+        find_executable(TinyContextConfig())
+    except Exception as exc:  # noqa: BLE001
+        return str(exc)
+    return None
+
+
+@pytest.mark.skipif(browser_missing() is not None, reason="no browser (Chromium and Playwright)")
+def test_every_browser_option_reaches_the_browser(tmp_path):
+    """The browser tools through the MCP client with each of their arguments (real Chromium, a page on 127.0.0.1)."""
+    import browser_pages
+    from tinycontext.web.browser import close_services
+
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", tools="browser",
+                               allow_private_hosts=True)
+    used: dict[str, set[str]] = {}
+
+    async def scenario(site):
+        async with create_connected_server_and_client_session(build_server(config)._mcp_server) as client:
+            listed = {t.name: t for t in (await client.list_tools()).tools}
+
+            async def call(name, arguments):
+                jsonschema.validate(arguments, listed[name].inputSchema)
+                result = await client.call_tool(name, arguments)
+                assert not result.isError, result.content[0].text
+                jsonschema.validate(result.structuredContent, listed[name].outputSchema)
+                used.setdefault(name, set()).update(arguments)
+                return result
+
+            shallow = await call("browser_navigate", {"url": site.url("/big"), "depth": 1, "max_tokens": 2000})
+            assert "inside)" in shallow.content[0].text
+            found = await call("browser_navigate", {"url": site.url("/big"), "find": "Quantity|Checkout"})
+            field = re.search(r'textbox "Quantity".* ref=(e\d+)', found.content[0].text)[1]
+            typed = await call("browser_act", {"action": "type", "ref": field, "text": "3", "find": "Quantity|Checkout",
+                                               "depth": 9, "max_tokens": 500})
+            assert typed.structuredContent["tokens"] <= 500 and 'textbox "Quantity" = "3"' in typed.content[0].text
+
+    try:
+        with browser_pages.server() as site:
+            anyio.run(scenario, site)
+    finally:
+        close_services()
+    for spec in tools.active(config):
+        assert used[spec.name] == set(spec.properties), spec.name
+
+
 # -- one argument contract for MCP and REST ---------------------------------------------------------
 
 BAD_ARGUMENTS = [  # (tool, arguments, the argument the error names)
