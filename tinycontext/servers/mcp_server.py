@@ -30,7 +30,7 @@ from .. import keyword
 from ..config import TinyContextConfig, load_config
 from ..engine import MemoryEngine, get_engine
 from ..errors import InvalidInputError, TinyContextError
-from ..render import Page, memory_block, to_json
+from ..render import Page, memory_block, plural, to_json
 from ..web.clock import current_datetime, render_datetime
 from . import tools
 from .mcp_schemas import output_schemas
@@ -71,14 +71,15 @@ def render_save(result: dict, *, can_update: bool) -> str:
 def render_sessions(result: dict) -> str:
     if not result["sessions"]:
         return "No sessions yet."
-    return "\n".join(f"- {s['session_id']}: {s['memories']} memories, {s['tokens']} tokens, since {s['created_at'][:10]}"
-                     for s in result["sessions"])
+    return "\n".join(f"- {s['session_id']}: {plural(s['memories'], 'memory', 'memories')}, {plural(s['tokens'], 'token')}, "
+                     f"since {s['created_at'][:10]}" for s in result["sessions"])
 
 
 def render_delete(result: dict) -> str:
     if result["dry_run"]:
-        return f"{result['matched']} memories match; nothing deleted. {result['next']}"
-    return f"Deleted {result['deleted']} memories."
+        return (f"{plural(result['matched'], 'memory', 'memories')} match{'es' if result['matched'] == 1 else ''}; "
+                f"nothing deleted. {result['next']}")
+    return f"Deleted {plural(result['deleted'], 'memory', 'memories')}."
 
 
 def error_result(err: TinyContextError) -> CallToolResult:
