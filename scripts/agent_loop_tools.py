@@ -78,6 +78,7 @@ async def loop(conversations: list[dict], env: dict[str, str]) -> tuple[collecti
 
         for conv in conversations:
             session = conv["sample_id"]
+            print(f"{session}: {sum(calls.values())} calls so far", file=sys.stderr, flush=True)
             for turns in sessions(conv, "turns"):
                 memories = [memory for _, memory in turns]
                 try:
@@ -98,8 +99,9 @@ async def loop(conversations: list[dict], env: dict[str, str]) -> tuple[collecti
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--conversations", type=int, default=5, help="the first N of LoCoMo dev's 5")
     args = parser.parse_args()
-    conversations = json.loads((SHARED / "datasets" / "locomo" / "locomo-dev.json").read_text())
+    conversations = json.loads((SHARED / "datasets" / "locomo" / "locomo-dev.json").read_text())[:args.conversations]
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text("{}")
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")},
