@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_locomo import sessions  # noqa: E402  (the README's conversation recipe, shared with the LoCoMo benchmark)
 
 from tinycontext import TinyContextConfig, tool_schema_tokens  # noqa: E402
-from tinycontext.budget import get_encoding  # noqa: E402
+from tinycontext.budget.tokens import get_encoding  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 PROFILES = ["memory", "memory,manage", "memory,manage,web", "all"]
@@ -64,7 +64,7 @@ def folded_tokens() -> int:
 async def loop(conversations: list[dict], env: dict[str, str]) -> tuple[collections.Counter, collections.Counter, int]:
     calls, answer_tokens, near = collections.Counter(), collections.Counter(), 0
     enc = get_encoding("o200k_base")
-    params = StdioServerParameters(command=sys.executable, args=["-m", "tinycontext.cli", "mcp"], env=env)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "tinycontext", "mcp"], env=env)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
         await client.initialize()
 

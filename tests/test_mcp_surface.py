@@ -93,7 +93,7 @@ def meter(tmp_path: Path, limit: int, profile: str) -> tuple[dict[str, int], int
     """../shared/tools/mcp_schema_tokens.py (the issue's measure) against `tinycontext mcp` with ``profile``."""
     env = server_env(tmp_path, TINYCONTEXT_TOOLS=profile, TIKTOKEN_CACHE_DIR=str(REPO.parent / "shared" / "tiktoken" / "cache"))
     # The meter passes on only TINYCONTEXT_*, TIKTOKEN_*, HF_*, PATH and HOME: env(1) carries PYTHONPATH to the server.
-    run = subprocess.run([sys.executable, str(METER), str(limit), "env", f"PYTHONPATH={REPO}", sys.executable, "-m", "tinycontext.cli", "mcp"],
+    run = subprocess.run([sys.executable, str(METER), str(limit), "env", f"PYTHONPATH={REPO}", sys.executable, "-m", "tinycontext", "mcp"],
                          capture_output=True, text=True, env=env, timeout=300)
     per_tool = {m[1]: int(m[2]) for m in re.finditer(r"^\s+(\w+)\s+(\d+)$", run.stdout, re.M)}
     total = int(re.search(r"schema (\d+) tokens", run.stdout)[1])
@@ -368,7 +368,7 @@ def test_errors_reach_the_typescript_client(tmp_path):
     """The TypeScript SDK's client (the one the MCP Inspector ships) refuses any structured content that does not
     match the outputSchema, errors included: every error must still arrive as the server's own message."""
     env = server_env(tmp_path, TINYCONTEXT_TOOLS="all")
-    job = {"sdk": str(NODE_MODULES / "@modelcontextprotocol" / "sdk"), "command": sys.executable, "args": ["-m", "tinycontext.cli", "mcp"],
+    job = {"sdk": str(NODE_MODULES / "@modelcontextprotocol" / "sdk"), "command": sys.executable, "args": ["-m", "tinycontext", "mcp"],
            "env": env, "calls": [{"name": n, "arguments": a} for n, a, _ in error_calls()]}
     run = subprocess.run(["node", str(REPO / "tests" / "mcp_ts_client.mjs")], input=json.dumps(job), capture_output=True,
                          text=True, env=env, timeout=300)
@@ -380,7 +380,7 @@ def test_errors_reach_the_typescript_client(tmp_path):
 def test_mcp_inspector_cli_shows_the_servers_messages(tmp_path):
     """The official MCP Inspector (npm @modelcontextprotocol/inspector) in CLI mode against `tinycontext mcp`."""
     env = server_env(tmp_path, TINYCONTEXT_TOOLS="memory,manage")
-    base = [str(NODE_MODULES / ".bin" / "mcp-inspector"), "--cli", sys.executable, "-m", "tinycontext.cli", "mcp"]
+    base = [str(NODE_MODULES / ".bin" / "mcp-inspector"), "--cli", sys.executable, "-m", "tinycontext", "mcp"]
 
     def inspector(*args: str) -> dict:
         done = subprocess.run([*base, *args], capture_output=True, text=True, env=env, timeout=300)

@@ -19,9 +19,9 @@ from pydantic import BaseModel, Field
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
+from ..version import __version__
 from ..config import TinyContextConfig, load_config
-from ..engine import MemoryEngine, get_engine
+from ..memory.engine import MemoryEngine, get_engine
 from ..errors import InvalidInputError, TinyContextError
 from ..web.clock import current_datetime
 from . import tools

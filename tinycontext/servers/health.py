@@ -18,9 +18,9 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from .. import __version__
+from ..version import __version__
 from ..config import TinyContextConfig
-from ..engine import MemoryEngine, get_engine
+from ..memory.engine import MemoryEngine, get_engine
 from ..errors import ConfigError, TinyContextError
 from .guard import DEFAULT_PORT, read_token
 

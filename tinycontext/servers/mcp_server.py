@@ -26,14 +26,15 @@ from mcp.server.fastmcp.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 from pydantic import BaseModel, ValidationError
 
-from .. import keyword
+from ..budget.render import Page, memory_block, plural, to_json
 from ..config import TinyContextConfig, load_config
-from ..engine import MemoryEngine, get_engine
 from ..errors import InvalidInputError, TinyContextError
-from ..render import Page, memory_block, plural, to_json
+from ..memory import keyword_mode as keyword
+from ..memory.engine import MemoryEngine, get_engine
 from ..web.clock import current_datetime, render_datetime
 from . import tools
 from .mcp_schemas import output_schemas
+from .tool_results import error_result
 from .web import engine_embedder, split_answer
 
 log = logging.getLogger(__name__)
@@ -80,10 +81,6 @@ def render_delete(result: dict) -> str:
         return (f"{plural(result['matched'], 'memory', 'memories')} match{'es' if result['matched'] == 1 else ''}; "
                 f"nothing deleted. {result['next']}")
     return f"Deleted {plural(result['deleted'], 'memory', 'memories')}."
-
-
-def error_result(err: TinyContextError) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=str(err))], isError=True)
 
 
 def text_result(text: str, structured: dict) -> CallToolResult:

@@ -18,11 +18,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..browse import ORDERS
+from ..budget.render import DETAILS
 from ..config import CAPABILITIES, TinyContextConfig
-from ..engine import MemoryInput
-from ..filters import FilterSpec
-from ..render import DETAILS
+from ..memory.browse import ORDERS
+from ..memory.engine import MemoryInput
+from ..retrieval.filters import FilterSpec
 from ..web.browser.service import ACTIONS
 
 Order = Literal[tuple(ORDERS)]  # type: ignore[valid-type]
@@ -287,7 +287,7 @@ def active(config: TinyContextConfig) -> list[ToolSpec]:
 
 def schema_tokens(tools: list[ToolSpec], encoding: str = "o200k_base") -> dict[str, int]:
     """Tokens a host sends the model for each tool on every request (compact JSON, as the issue's meter counts)."""
-    from ..budget import get_encoding
+    from ..budget.tokens import get_encoding
 
     enc = get_encoding(encoding)
     return {t.name: len(enc.encode_ordinary(json.dumps(t.visible(), separators=(",", ":"), ensure_ascii=False)))
