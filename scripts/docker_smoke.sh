@@ -89,7 +89,11 @@ else
     done
 fi
 [ ${#BUILD[@]} -gt 0 ] || die "no docker client here builds with BuildKit (install docker-buildx or docker.io)"
-note "docker: server $(command docker version -f '{{.Server.Version}}')${QUICK:+ (QUICK: no compose)}${QUICK:-, compose: $(compose version --short 2>/dev/null || compose version | head -1)}"
+if [ -n "${QUICK:-}" ]; then
+    note "docker: server $(command docker version -f '{{.Server.Version}}') (QUICK=1: no compose)"
+else
+    note "docker: server $(command docker version -f '{{.Server.Version}}'), compose: $(compose version --short 2>/dev/null || compose version | head -1)"
+fi
 
 # -- base image and build ---------------------------------------------------------------------
 if [ -z "${BASE_IMAGE:-}" ]; then
