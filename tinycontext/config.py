@@ -24,6 +24,8 @@ APP_NAME = "tinycontext"
 ENV_PREFIX = "TINYCONTEXT_"
 CONFIG_PATH_ENV = "TINYCONTEXT_CONFIG_PATH"
 CONFIG_FILE_NAME = "context_config.json"
+# MCP transports `tinycontext serve` offers (MCP_TRANSPORT); here so the CLI can list them without the server extra.
+TRANSPORTS: tuple[str, ...] = ("stdio", "sse", "streamable-http")
 
 
 def default_db_path() -> Path:
