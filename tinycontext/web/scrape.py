@@ -88,7 +88,8 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
     if not page.markdown.strip():
         result.outcome = "empty"
         return result
-    result.chunks = chunk_markdown(page.markdown, counter, max_tokens=config.scrape_chunk_tokens)
+    result.chunks = chunk_markdown(page.markdown, counter, max_tokens=config.scrape_chunk_tokens,
+                                   passage_tokens=config.scrape_passage_tokens)
     result.markdown_tokens = counter.count(page.markdown)
     result.links = page.links
     if item.ranked:
