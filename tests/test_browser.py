@@ -235,6 +235,12 @@ def test_private_addresses_are_blocked(site, loopback_only, tmp_path):
                     f"http://[::1]:{site.port}/"):
             with pytest.raises(BlockedURLError):
                 service.call("navigate", "s", url=url)
+        # A top-level redirect to a refused address is a blocked error, not the proxy's refusal page.
+        for path, target in (("/hop", "127.0.0.4"), ("/hop-tls", "127.0.0.5")):
+            for method in ("navigate", "render_html"):
+                with pytest.raises(BlockedURLError, match=target) as refused:
+                    service.call(method, "r", url=site.url(path))
+                assert refused.value.details["reason"] == "loopback"
     finally:
         service.close()
     assert not [r for r in site.requests if r["path"].startswith("/secret")]

@@ -203,7 +203,7 @@ def test_hostile_servers_are_bounded_in_time_and_memory(loopback_only, web_confi
         started = time.monotonic()
         answer = scrape(web_config, [server.url(p) for p in ("/slow", "/endless", "/bomb", "/silent", "/huge")], 500)
         elapsed = time.monotonic() - started
-    assert [r["outcome"] for r in answer["results"]] == ["timeout", "too_large", "too_large", "timeout", "too_large"]
+    assert [r["outcome"] for r in answer["results"]] == ["timeout", "too_large", "too_large", "timeout", "too_large"], answer["text"]
     assert elapsed < 30  # generous: the bound is web_fetch_timeout (2 s), concurrently, plus a loaded machine
 
 
@@ -377,3 +377,78 @@ def test_links_that_share_no_word_with_the_query_are_left_out(loopback_only, web
         whole = scrape(web_config, [server.url("/rivers")], 1000)
     assert "links" not in answer["results"][0]  # navigation, footer and unrelated articles cost nothing
     assert len(whole["results"][0]["links"]) > 3  # without a query the page's links come in page order
+
+
+def test_content_is_sniffed_and_undeclared_charsets_detected(loopback_only, web_config):
+    """A PDF is read as a PDF whatever its label; binary labelled text/html is not text; a Shift-JIS page
+    without any charset decodes and is cut into passages of at most the chunk size."""
+    from test_web_pdf import make_pdf
+
+    pdf = make_pdf([[(18, 72, "Sniffed report"), (11, 72, "The Danube delta is a wetland of reed beds and channels.")]])
+    japanese = "東京は日本の首都であり、世界で最も人口の多い都市圏の一つです。" * 30
+    sjis = f"<html><head><title>東京</title></head><body><main><article><h1>東京</h1><p>{japanese}</p></article></main></body></html>"
+    routes = {
+        "/pdf-as-html": html(pdf, "text/html; charset=utf-8"),
+        "/pdf-untyped": html(pdf, ""),
+        "/binary-as-html": html(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 40, "text/html"),
+        "/sjis": html(sjis.encode("shift_jis"), "text/html"),
+    }
+    with LocalServer(routes) as server:
+        answer = scrape(web_config, [server.url(p) for p in routes], 3000)
+    pdf_as_html, pdf_untyped, binary, japanese_page = answer["results"]
+    for result in (pdf_as_html, pdf_untyped):
+        assert result["outcome"] == "ok" and any("reed beds" in p["text"] for p in result["passages"]), result
+    assert binary["outcome"] == "unsupported_type" and "binary" in binary["detail"]
+    assert japanese_page["outcome"] == "ok" and japanese_page["title"] == "東京"
+    assert "世界で最も人口の多い都市圏" in japanese_page["passages"][0]["text"]
+    # Cut into units of at most the chunk size (tests/test_web_extract.py), so a small budget still answers.
+    with LocalServer({"/sjis": html(sjis.encode("shift_jis"), "text/html")}) as server:
+        small = scrape(web_config, [{"url": server.url("/sjis"), "query": "東京 首都"}], 500)
+    assert small["results"][0]["passages"] and "東京は日本の首都" in small["text"]
+
+
+def big_page(size: int = 4_900_000) -> bytes:
+    """A long article (one paragraph after another) of about ``size`` bytes, under web_max_bytes."""
+    words = "river delta barge grain port city bridge water valley mountain snow trade route canal lock ferry".split()
+    paragraph = lambda i: "<p>" + " ".join(words[(i * 7 + j) % len(words)] for j in range(120)) + f" number {i}.</p>\n"  # noqa: E731
+    paragraphs = [paragraph(i) for i in range(size // 900)]
+    paragraphs[10] = "<p>The flood reached the river mouth in May, and the harbour closed for a week.</p>\n"
+    return ("<html><head><title>Big</title></head><body><main><article><h1>Big page</h1>" + "".join(paragraphs)
+            + "</article></main></body></html>").encode()
+
+
+class BlockedEmbedder(HashEmbedder):
+    """Embeds only once ``release`` is set (at most 60 s): ranking that outlives the item's deadline."""
+
+    def __init__(self):
+        super().__init__()
+        import threading
+
+        self.release = threading.Event()
+
+    def embed(self, texts, kind="document", progress=False):
+        self.release.wait(60)
+        return super().embed(texts, kind, progress)
+
+
+def test_a_huge_page_is_read_up_to_the_caps_and_within_the_item_deadline(loopback_only, tmp_path):
+    body = big_page()
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", allow_private_hosts=True, web_max_bytes=5_000_000,
+                               web_item_timeout=60, scrape_max_chars=20_000, scrape_max_chunks=60)
+    with LocalServer({"/big": html(body)}) as server:
+        item = {"url": server.url("/big"), "query": "when did the flood reach the river mouth"}
+        answer = scrape_urls([item], 800, order="rank", config=config.model_copy(update={"embedding_backend": "none"}))
+        (result,) = answer["results"]
+        assert result["outcome"] == "ok" and "scrape_max_chars" in result["note"]
+        assert "The flood reached the river mouth in May" in result["passages"][0]["text"]
+        assert max(p["end"] for p in result["passages"]) <= 20_000
+        # Ranking that would take longer than web_item_timeout: the item is a timeout, and the answer
+        # comes while the embedder is still blocked (it is released only afterwards).
+        blocked = BlockedEmbedder()
+        try:
+            late = scrape_urls([item], 800, config=config.model_copy(update={"web_item_timeout": 1.0}), embedder=blocked)
+            assert not blocked.release.is_set()
+        finally:
+            blocked.release.set()
+    (result,) = late["results"]
+    assert result["outcome"] == "timeout" and "web_item_timeout=1" in result["detail"]

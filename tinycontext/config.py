@@ -138,6 +138,9 @@ class TinyContextConfig(BaseModel):
     search_timeout: float = Field(10.0, gt=0, le=120)
     # Per URL: the whole fetch (connect, redirects, body) must finish within web_fetch_timeout seconds.
     web_fetch_timeout: float = Field(15.0, gt=0, le=300)
+    # Per scrape item: fetch, decoding, extraction, chunking, embedding and ranking together (a page not
+    # read by then is a "timeout" outcome; the other items are not held up).
+    web_item_timeout: float = Field(15.0, gt=0, le=600)
     web_max_bytes: int = Field(5_000_000, ge=1024)
     web_max_redirects: int = Field(5, ge=0, le=30)
     web_user_agent: str = "Mozilla/5.0 (compatible; TinyContext/0.1)"
@@ -149,11 +152,15 @@ class TinyContextConfig(BaseModel):
     scrape_chunk_tokens: int = Field(256, ge=20, le=2000)
     # Units of one section are also ranked as passages of about this many tokens (their context).
     scrape_passage_tokens: int = Field(160, ge=20, le=2000)
+    # A page is read up to this many characters of extracted text and this many units (the answer says
+    # when a page was cut): a 5 MB page costs what its first part costs.
+    scrape_max_chars: int = Field(100_000, ge=1000)
+    scrape_max_chunks: int = Field(500, ge=1)
     # A ranked passage gains this share of its better same-section neighbour's score (evidence spanning passages).
     scrape_neighbour_weight: float = Field(0.5, ge=0.0, le=2.0)
     # A ranked passage also gains this share of the score of its best paragraph or sentence (read with its
     # heading path) ranked among all the page's; 0: passages are scored whole only (and units are not embedded).
-    scrape_unit_weight: float = Field(0.5, ge=0.0, le=10.0)
+    scrape_unit_weight: float = Field(0.5, ge=0.0, le=2.0)
     # Only the units of this many best-ranked passages of a page are embedded (all its units are ranked by
     # BM25, which is cheap): more than fit in the default scrape budget, so a long page never seen before
     # costs little more than its passages.

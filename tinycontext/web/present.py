@@ -148,7 +148,7 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
         if page.outcome != "ok":
             status = f" {page.fetch.status}" if page.outcome == "http_error" and page.fetch.status else ""
             return [f"# {page.item.url}", f"{page.outcome}{status}: {one_line(page.fetch.detail or page.outcome)}"]
-        return [f"# {one_line(page.title) or url}", f"<{url}>"]
+        return [f"# {one_line(page.title) or url}", f"<{url}>", *([f"({page.note})"] if page.note else [])]
 
     def shown(chosen: list[int]) -> list[tuple[_Window, str | None]]:
         windows = _windows([(candidates[k][0], candidates[k][1], k) for k in chosen])
@@ -179,6 +179,8 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
                 entry["detail"] = page.fetch.detail or page.outcome
             else:
                 entry["title"] = page.title
+                if page.note:
+                    entry["note"] = page.note
                 entry["passages"] = [_window_object(w, f) for w, f in mine]
                 if links[index]:
                     entry["links"] = links[index]
