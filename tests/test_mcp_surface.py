@@ -127,6 +127,16 @@ def test_hand_written_schemas_offer_every_argument_their_model_takes():
 
 # -- every option, checked against outputSchema -------------------------------------------------
 
+async def checked_call(client, listed: dict, used: dict[str, set[str]], name: str, arguments: dict):
+    """The compact schema admits the call, the server accepts it, ClientSession checks the structured
+    content against outputSchema, and so does jsonschema here; ``used`` collects the arguments given."""
+    jsonschema.validate(arguments, listed[name].inputSchema)
+    result = await client.call_tool(name, arguments)
+    assert not result.isError, result.content[0].text
+    jsonschema.validate(result.structuredContent, listed[name].outputSchema)
+    used.setdefault(name, set()).update(arguments)
+    return result
+
 def test_every_option_of_every_tool_works_and_matches_its_output_schema(config):
     server = build_server(config)
     used: dict[str, set[str]] = {}
@@ -138,14 +148,7 @@ def test_every_option_of_every_tool_works_and_matches_its_output_schema(config):
             assert all(t.outputSchema for t in listed.values()), [n for n, t in listed.items() if not t.outputSchema]
 
             async def call(name, arguments):
-                # The compact schema admits the call, the server accepts it, ClientSession checks the
-                # structured content against outputSchema, and so does jsonschema here.
-                jsonschema.validate(arguments, listed[name].inputSchema)
-                result = await client.call_tool(name, arguments)
-                assert not result.isError, result.content[0].text
-                jsonschema.validate(result.structuredContent, listed[name].outputSchema)
-                used.setdefault(name, set()).update(arguments)
-                return result.structuredContent
+                return (await checked_call(client, listed, used, name, arguments)).structuredContent
 
             saved = await call("save_memories", {"session_id": "proj", "episode": "standup-1", "memories": [
                 {"content": "The API is written in Go", "tags": ["stack"], "metadata": {"source": "chat"}},
@@ -222,12 +225,7 @@ def test_every_browser_option_reaches_the_browser(tmp_path):
             listed = {t.name: t for t in (await client.list_tools()).tools}
 
             async def call(name, arguments):
-                jsonschema.validate(arguments, listed[name].inputSchema)
-                result = await client.call_tool(name, arguments)
-                assert not result.isError, result.content[0].text
-                jsonschema.validate(result.structuredContent, listed[name].outputSchema)
-                used.setdefault(name, set()).update(arguments)
-                return result
+                return await checked_call(client, listed, used, name, arguments)
 
             shallow = await call("browser_navigate", {"url": site.url("/big"), "depth": 1, "max_tokens": 2000})
             assert "inside)" in shallow.content[0].text
