@@ -30,7 +30,7 @@ from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from tinycontext import Embedder, MemoryEngine, Signals, TinyContextConfig, resolve_model
+from tinycontext import Embedder, MemoryEngine, Signals, TinyContextConfig, resolve_model, tool_schema_tokens
 
 from . import datasets as dataset_module
 from .datasets import EvalDataset
@@ -457,7 +457,8 @@ def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = (), swe
         "is_default": is_default(cfg, engine_settings),
         "tune_split": dataset.tune_split, "test_split": dataset.test_split, "cross_validate": dataset.cross_validate,
         **_split_summary(test, ""), **_split_summary(tune, "tune_"),
-        **token_summary(test["tokens_returned"].tolist(), test["tokens_naive"].tolist()),
+        **token_summary(test["tokens_returned"].tolist(), test["tokens_naive"].tolist(),
+                        tool_schema_tokens(TinyContextConfig(memory_db_path=db, **engine_settings))),
         **latency_summary(list(latencies.values())), "latency_queries": timed,
         **cost, "model_mb": bundle.model_file.stat().st_size / 2**20,
         "index_build_seconds": index["build_seconds"], "index_reused": index["reused"], "index_embedded": index["embedded"],

@@ -269,7 +269,8 @@ def test_two_mcp_clients_never_share_tabs_or_cookies(site, tmp_path):
     from tinycontext import close_engines
     from tinycontext.servers.http import ServeSettings, background, mcp_app
 
-    config = TinyContextConfig(allow_private_hosts=True, memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models")
+    config = TinyContextConfig(allow_private_hosts=True, memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models",
+                               tools="browser")
 
     async def client(url: str, who: str, out: dict):
         async with httpx.AsyncClient(timeout=60) as http, streamable_http_client(url, http_client=http) as (read, write, _):
@@ -314,7 +315,7 @@ def test_backend_off_removes_the_tools(tmp_path):
     from tinycontext.servers.http import ServeSettings
     from tinycontext.servers.mcp_server import build_server
 
-    off = TinyContextConfig(memory_db_path=tmp_path / "m.db", browser_backend="off")
+    off = TinyContextConfig(memory_db_path=tmp_path / "m.db", browser_backend="off", tools="all")
     on = off.model_copy(update={"browser_backend": "chromium"})
     names = lambda config: {t.name for t in anyio.run(build_server(config).list_tools)}  # noqa: E731
     assert {"browser_navigate", "browser_act"} <= names(on)

@@ -24,6 +24,9 @@ APP_NAME = "tinycontext"
 ENV_PREFIX = "TINYCONTEXT_"
 CONFIG_PATH_ENV = "TINYCONTEXT_CONFIG_PATH"
 CONFIG_FILE_NAME = "context_config.json"
+# The capabilities an MCP server can list (tinycontext/servers/tools.py names their tools).
+CAPABILITIES = ("memory", "manage", "web", "browser")
+Capability = Literal[CAPABILITIES]  # type: ignore[valid-type]
 # MCP transports `tinycontext serve` offers (MCP_TRANSPORT); here so the CLI can list them without the server extra.
 TRANSPORTS: tuple[str, ...] = ("stdio", "sse", "streamable-http")
 
@@ -123,6 +126,10 @@ class TinyContextConfig(BaseModel):
     read_connections: int = Field(4, ge=0, le=64)
     # SSRF guard: let web fetches reach loopback/private/link-local hosts (local test servers, intranets).
     allow_private_hosts: bool = False
+    # The MCP tools on offer, by capability: memory (save, recall), manage (get, update, delete, list, sessions,
+    # bulk delete), web (search, scrape, datetime), browser; "all" for every one. Each tool's definition rides on
+    # every request, so the default is what an agent loop calls (notes/agent_surface.md). Env: comma-separated.
+    tools: tuple[Capability, ...] = ("memory",)
     # Web tools (search, scrape_urls, current_datetime) in the MCP server, REST API and CLI.
     web_tools: bool = True
     # "ddgs": DuckDuckGo & co via the ddgs package (no key); "searxng": searxng_url's JSON API; "auto": SearXNG, then ddgs.
@@ -179,6 +186,15 @@ class TinyContextConfig(BaseModel):
     browser_timeout_seconds: float = Field(15.0, gt=0)
     # Default token budget of one browser view.
     browser_max_tokens: int = Field(2000, ge=64, le=1_000_000)
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _capabilities(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, (list, tuple)) and "all" in value:
+            return CAPABILITIES
+        return tuple(dict.fromkeys(value)) if isinstance(value, (list, tuple)) else value
 
     @field_validator("memory_db_path", "models_dir", "browser_executable_path", mode="after")
     @classmethod
