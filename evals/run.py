@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from tinycontext import TinyContextConfig, TinyContextError
 
 log = logging.getLogger("evals")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per embedding request would drown the log
 
 
 def _engine_default(name: str):

