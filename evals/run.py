@@ -4,7 +4,8 @@
 - ``tinycontext-eval report <sweep dir>``: (re)build results.csv, report.md and plots.
 - ``tinycontext-eval recommend <sweep dir> [--max-p95-ms X] [--max-model-mb Y]``: choose on the tuning
   split, write context_config.json with the choice and its test score.
-- ``tinycontext-eval compare RUN_A RUN_B``: paired per-query differences with CIs (run dirs or store ids).
+- ``tinycontext-eval compare RUN_A RUN_B``: paired per-query differences with CIs (run dirs, store ids, or any
+  TREC run file, scored on the other side's qrels).
 - ``tinycontext-eval ingest <sweep dir>``: append a sweep's results to the local results store.
 """
 
@@ -96,13 +97,14 @@ def _commands(argv: list[str]) -> int:
             table = compare(args.run_a, args.run_b, store_path=args.store or _default_store())
             print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         elif args.command == "ingest":
+            from .records import job_files
             from .store import ResultsStore
 
-            _, per_query, records = load_results(args.sweep_dir)
+            load_results(args.sweep_dir)  # every job checked (hash, derivation) before any is stored
+            files = sorted(args.sweep_dir.glob("result.json")) + sorted(args.sweep_dir.glob("*/result.json"))
             with ResultsStore(args.store or _default_store()) as store:
-                added = sum(store.append(r, per_query[per_query["job"] == r["row"]["job"]].drop(columns="job"))
-                            for r in records)
-            print(f"{added} new runs appended ({len(records) - added} already stored)")
+                added = sum(store.append(json.loads(f.read_text(encoding="utf-8")), job_files(f.parent)) for f in files)
+            print(f"{added} new runs appended ({len(files) - added} already stored)")
         else:
             out, summary = recommend(args.sweep_dir, max_p95_ms=args.max_p95_ms, max_model_mb=args.max_model_mb,
                                      metric=args.metric, dataset=args.dataset, out=args.out)

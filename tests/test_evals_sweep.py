@@ -28,7 +28,8 @@ REQUIRED = ["dataset", "embedder", "pooling", "query_prefix", "document_prefix",
             "latency_flagged", "tuned_on_test"]
 QUALITY = ["ndcg@10", "recall@10", "recall@100", "mrr@10", "budget_recall", "tune_ndcg@10", "tokens_returned"]
 SWEEP = ["-m", "dataset=tiny", "embedder=fast,minilm-static256", "retrieval.dense_weight=0,0.5,1", "retrieval.rrf_k=10,60",
-         "latency.queries=5", "latency.warmup=2", "latency.index_sample=20", "latency.passes=1", "latency.retries=0"]
+         "latency.queries=5", "latency.warmup=2", "latency.index_sample=20", "latency.passes=1", "latency.retries=0",
+         "latency.max_competing_cores=1000"]  # a loaded test machine must not flag latency here
 
 
 def cli(*args, env=None, check=True):
@@ -188,7 +189,8 @@ def test_repeated_sweep_resumes_and_force_reruns(sweep, tmp_path):
     # Finished and new jobs interleaved: only the new ones are launched, each in its own job number's directory.
     mixed = tmp_path / "mixed"
     log = cli("-m", "dataset=tiny", "retrieval.dense_weight=0,1", "retrieval.rrf_k=10,30", "latency.queries=5",
-              "latency.warmup=2", "latency.index_sample=20", "latency.passes=1", "latency.retries=0", f"hydra.sweep.dir={mixed}", env={"TINYCONTEXT_EVAL_CACHE": str(cache)})
+              "latency.warmup=2", "latency.index_sample=20", "latency.passes=1", "latency.retries=0",
+              "latency.max_competing_cores=1000", f"hydra.sweep.dir={mixed}", env={"TINYCONTEXT_EVAL_CACHE": str(cache)})
     assert "2 of 4 jobs already finished" in log.stdout + log.stderr
     for job, (weight, k, reused) in enumerate([(0, 10, True), (0, 30, False), (1, 10, True), (1, 30, False)]):
         record = json.loads((mixed / str(job) / "result.json").read_text())
@@ -196,7 +198,7 @@ def test_repeated_sweep_resumes_and_force_reruns(sweep, tmp_path):
         assert (mixed / str(job) / ".hydra").is_dir() != reused
     forced = tmp_path / "forced"
     cli("dataset=tiny", "force=true", "latency.queries=5", "latency.warmup=2", "latency.index_sample=20", "latency.passes=1",
-        "latency.retries=0", f"hydra.run.dir={forced}", env={"TINYCONTEXT_EVAL_CACHE": str(cache)})
+        "latency.retries=0", "latency.max_competing_cores=1000", f"hydra.run.dir={forced}", env={"TINYCONTEXT_EVAL_CACHE": str(cache)})
     record = json.loads((forced / "result.json").read_text())
     assert "reused_run" not in record
     with sqlite3.connect(cache / "results.sqlite") as db:
