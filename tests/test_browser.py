@@ -15,7 +15,7 @@ from netguard import loopback_only  # noqa: F401 - fixture
 from tinycontext import TinyContextConfig
 from tinycontext.errors import InvalidInputError
 from tinycontext.web.browser import BrowserBusyError, BrowserService, close_services
-from tinycontext.web.browser.launch import describe, find_executable, sandboxed
+from tinycontext.web.browser.launch import LAUNCH_ARGS, describe, find_executable, sandboxed
 from tinycontext.web.browser.snapshot import build_tree, render
 from tinycontext.web.guard import BlockedURLError, Decision, Guard
 
@@ -359,7 +359,7 @@ def test_external_browser_over_cdp(site, tmp_path):
     chromium = subprocess.Popen(
         [str(find_executable(TinyContextConfig())), "--headless", "--remote-debugging-address=127.0.0.1",
          "--remote-debugging-port=0", f"--user-data-dir={tmp_path / 'profile'}", *(["--no-sandbox"] if not sandboxed() else []),
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run", "about:blank"],
+         *LAUNCH_ARGS, "about:blank"],
         stderr=subprocess.PIPE, text=True)
     try:
         for line in chromium.stderr:

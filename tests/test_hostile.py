@@ -87,6 +87,9 @@ BAD_SAVES = [
     ([], "empty_memory"),
     ([""], "empty_memory"),
     (["  \n\t  "], "empty_memory"),
+    # Whitespace of other scripts and invisible format characters show nothing either (issue 19).
+    (["\u3000\u200b"], "empty_memory"),
+    (["\u00a0\u2028\u2029\u202f\u205f\ufeff\u2060\u200c\u200d\u00ad\u180e\u3164"], "empty_memory"),
     ([{"content": ""}], "empty_memory"),
     (["a\x00b"], "invalid_input"),
     (["lone \ud800 surrogate"], "invalid_input"),

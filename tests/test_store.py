@@ -105,19 +105,48 @@ def test_newer_schema_is_refused(config):
     raw = sqlite3.connect(config.memory_db_path)
     raw.execute("PRAGMA user_version = 99")
     raw.close()
+    before = config.memory_db_path.read_bytes()
     with pytest.raises(StorageError) as err:
         MemoryEngine(config, embedder=HashEmbedder())
     assert err.value.code == "storage_error" and "v99" in err.value.message and "Upgrade" in err.value.message
+    assert config.memory_db_path.read_bytes() == before
     raw = sqlite3.connect(config.memory_db_path)
     assert raw.execute("PRAGMA user_version").fetchone()[0] == 99
     assert raw.execute("SELECT content FROM memories").fetchall() == [("from the future",)]
     raw.close()
 
 
+def _foreign(path, user_version: int, schema: str) -> bytes:
+    raw = sqlite3.connect(path)
+    raw.executescript(schema)
+    raw.execute(f"PRAGMA user_version = {user_version}")
+    raw.commit()
+    raw.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("user_version, schema, match", [
+    (99, "CREATE TABLE photos(id INTEGER PRIMARY KEY, blob BLOB); INSERT INTO photos(blob) VALUES (x'00ff');", "v99, newer"),
+    (0, "CREATE TABLE photos(id INTEGER PRIMARY KEY, blob BLOB); INSERT INTO photos(blob) VALUES (x'00ff');", "another application's"),
+    (3, "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);", "another application's"),
+    (0, "CREATE TABLE memories(id TEXT PRIMARY KEY, session_id TEXT, content TEXT, created_at TEXT);", "legacy TinyContext database"),
+])
+def test_a_foreign_or_newer_database_is_refused_byte_identical(config, user_version, schema, match):
+    """Refused by a read-only look before the write connection exists: not even switched to WAL (issue 19)."""
+    config.memory_db_path.parent.mkdir(parents=True, exist_ok=True)
+    before = _foreign(config.memory_db_path, user_version, schema)
+    with pytest.raises(StorageError, match=match) as err:
+        MemoryEngine(config, embedder=HashEmbedder())
+    assert "was not changed" in err.value.message
+    assert config.memory_db_path.read_bytes() == before and before[18:20] == b"\x01\x01"  # rollback journal, not WAL (2, 2)
+    assert sorted(p.name for p in config.memory_db_path.parent.iterdir()) == [config.memory_db_path.name]
+
+
 def test_not_a_database_is_storage_error(config):
     config.memory_db_path.write_bytes(b"this is not sqlite at all" * 100)
     with pytest.raises(StorageError, match="memory_db_path"):
         MemoryEngine(config, embedder=HashEmbedder())
+    assert config.memory_db_path.read_bytes() == b"this is not sqlite at all" * 100
 
 
 # -- embedder identity --------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from consistency import assert_consistent
 
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.errors import InvalidInputError
-from tinycontext.transfer import backup, export_jsonl, import_file, import_jsonl
+from tinycontext.transfer import CHUNK, backup, export_jsonl, import_file, import_jsonl
 
 LEGACY_SCHEMA = """
 CREATE TABLE memories (
@@ -91,7 +92,7 @@ def test_other_embedder_re_embeds_and_taken_ids_are_renumbered(tmp_path, source)
     (['{"type": "header", "format": "other", "format_version": 1}'], "unsupported"),
     (['{"type": "header", "format": "tinycontext-export", "format_version": 1}', '{"type": "memory", "id": "x"}'], ":2"),
     (['{"type": "header", "format": "tinycontext-export", "format_version": 1}',
-      '{"type": "memory", "id": 5, "session_id": "s", "created_at": "2024", "content": "a\\u0000b"}'], "NUL"),
+      '{"type": "memory", "id": 5, "session_id": "s", "created_at": "2024-01-01", "content": "a\\u0000b"}'], "NUL"),
 ])
 def test_bad_export_lines_name_the_line(tmp_path, lines, match):
     with _engine(tmp_path, "bad") as target:
@@ -184,3 +185,105 @@ def test_cli_export_import_backup(tmp_path, source):
     assert backed.returncode == 0 and (tmp_path / "cli-backup.db").is_file()
     missing = run("export", env={"TINYCONTEXT_MEMORY_DB_PATH": str(tmp_path / "none.db")})
     assert missing.returncode == 1 and missing.stderr.startswith("storage_error")
+
+
+# -- issue 19: keyword-only import, out-of-range and malformed records, all or nothing -------------
+
+HEADER = {"type": "header", "format": "tinycontext-export", "format_version": 1}
+
+
+def _good(i: int) -> dict:
+    return {"type": "memory", "id": i, "session_id": "s", "created_at": "2024-05-01T10:00:00+00:00", "content": f"good memory number {i}"}
+
+
+def test_keyword_only_import_from_the_cli(tmp_path, source):
+    """TINYCONTEXT_EMBEDDING_BACKEND=none: the import stores text and history, vectors are left for reindex."""
+    export = tmp_path / "e.jsonl"
+    export.write_text(_dump(source), encoding="utf-8")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}, "TINYCONTEXT_EMBEDDING_BACKEND": "none",
+           "TINYCONTEXT_MEMORY_DB_PATH": str(tmp_path / "kw.db"), "TINYCONTEXT_MODELS_DIR": str(tmp_path / "models")}
+    for _ in range(2):  # a second run finds everything present
+        done = subprocess.run([sys.executable, "-m", "tinycontext.cli", "import", str(export), "--json"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert json.loads(done.stdout)["skipped"] == 2
+    config = TinyContextConfig(memory_db_path=tmp_path / "kw.db", models_dir=tmp_path / "models", embedding_backend="none")
+    with MemoryEngine(config) as target:
+        assert target.get(1)["content"] == source.get(1)["content"] and target.get(1)["history"] == source.get(1)["history"]
+        assert target.recall("who is allergic to peanuts")["memories"][0]["id"] == 3
+        assert target.store.read("SELECT count(*) FROM memory_vectors")[0][0] == 0
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"id": 2**63}, "id must be an integer from 1 to 9223372036854775807"),
+    ({"id": 10**30}, "id must be an integer"),
+    ({"id": 0}, "id must be an integer"),
+    ({"id": True}, "id must be an integer"),
+    ({"version": 2**63}, "version must be an integer"),
+    ({"version": 1.5}, "version must be an integer"),
+    ({"history": [{"version": 2**64, "content": "old", "created_at": "2024-01-01", "superseded_at": "2024-01-02"}]}, "history version"),
+    ({"created_at": "yesterday-ish"}, "created_at: 'yesterday-ish' is not an ISO 8601"),
+    ({"created_at": None}, "created_at must be an ISO 8601"),
+    ({"updated_at": "soon"}, "updated_at"),
+    ({"expires_at": "never"}, "expires_at"),
+    ({"occurred_at": "last summer"}, "occurred_at"),
+    ({"history": [{"version": 1, "content": "old", "created_at": "a while ago", "superseded_at": "2024-01-02"}]}, "history created_at"),
+    ({"colour": "blue"}, "unknown field 'colour' in a memory record"),
+    ({"history": [{"version": 1, "content": "old", "created_at": "2024-01-01", "superseded_at": "2024-01-02", "by": "x"}]},
+     "unknown field 'by' in a history record"),
+    ({"session_id": 7}, "session_id must be a string"),
+    ({"content": "\u3000\u200b"}, "empty content"),
+    ({"metadata": {"n": float("inf")}}, "plain JSON"),
+])
+def test_a_bad_record_anywhere_imports_nothing(tmp_path, bad, match):
+    """The bad record is the file's last line, after more than one write batch of good ones: the
+    error names that line and nothing from the file is stored (no memory, no session)."""
+    lines = [HEADER, {"type": "session", "id": "s", "created_at": "2024-05-01T10:00:00+00:00"},
+             *(_good(i) for i in range(1, CHUNK + 10)), {**_good(10_000), **bad}]
+    text = "\n".join(json.dumps(r) for r in lines)
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text, encoding="utf-8")
+    with _engine(tmp_path, "target") as target:
+        for attempt in (lambda: import_file(target, path), lambda: import_jsonl(target, io.StringIO(text), source="stdin")):
+            with pytest.raises(InvalidInputError, match=re.escape(match)) as err:
+                attempt()
+            assert err.value.code == "invalid_input" and f":{len(lines)}: " in err.value.message
+            assert target.stats()["memories"] == 0 and target.sessions() == []
+
+
+@pytest.mark.parametrize("record, match", [
+    ({**HEADER, "compression": "zstd"}, "unknown field 'compression' in a header record"),
+    ({"type": "session", "id": "s", "created_at": "2024-01-01", "owner": "x"}, "unknown field 'owner' in a session record"),
+    ({"type": "session", "id": "s", "created_at": "at some point"}, "session created_at"),
+])
+def test_bad_header_and_session_records(tmp_path, record, match):
+    lines = [HEADER, _good(1), record] if record.get("type") == "session" else [record, _good(1)]
+    with _engine(tmp_path, "target") as target:
+        with pytest.raises(InvalidInputError, match=re.escape(match)):
+            import_jsonl(target, io.StringIO("\n".join(json.dumps(r) for r in lines)), source="f.jsonl")
+        assert target.stats()["memories"] == 0
+
+
+def test_an_import_is_one_transaction(tmp_path, source, monkeypatch):
+    """A failure while writing (here: the third write batch) rolls back the batches written before it."""
+    import tinycontext.transfer as transfer
+
+    lines = [HEADER, *(_good(i) for i in range(1, 3 * CHUNK))]
+    calls = []
+    real = transfer._import_chunk
+
+    def failing(engine, chunk, report):
+        calls.append(len(chunk))
+        if len(calls) == 3:
+            raise InvalidInputError("f.jsonl:9: stand-in failure of the third batch")
+        real(engine, chunk, report)
+
+    monkeypatch.setattr(transfer, "_import_chunk", failing)
+    with _engine(tmp_path, "target") as target:
+        with pytest.raises(InvalidInputError, match="third batch"):
+            import_jsonl(target, io.StringIO("\n".join(json.dumps(r) for r in lines)))
+        assert calls == [CHUNK, CHUNK, CHUNK - 1]
+        assert target.stats()["memories"] == 0 and target.sessions() == []
+        monkeypatch.setattr(transfer, "_import_chunk", real)
+        assert import_jsonl(target, io.StringIO("\n".join(json.dumps(r) for r in lines))).imported == 3 * CHUNK - 1
+        assert_consistent(target)

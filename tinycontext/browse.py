@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from . import conversation
 from .errors import InvalidInputError, SessionNotFoundError
 from .filters import parse_filters
-from .render import Detail, Page, check_agent_budget, check_detail, fit_page, memory_item, memory_line
+from .render import Detail, Page, check_agent_budget, check_detail, fit_page, memory_item, memory_line, plural
 from .store import MEMORY_COLUMNS, now_iso, row_to_memory
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def list_memories(engine: "MemoryEngine", *, session_id: str | None = None, tags
             return f"Nothing fits max_tokens={page.max_tokens}: the first memory needs max_tokens={page.needed}."
         if not lines and not page.skipped:
             return "No memories." if not offset else f"No memories after offset {offset} (total {total})."
-        out = [f"{total} memories; showing {len(lines)} from offset {offset} ({order} first):", *lines]
+        out = [f"{plural(total, 'memory', 'memories')}; showing {len(lines)} from offset {offset} ({order} first):", *lines]
         if page.skipped:
             out.append(f"({len(page.skipped)} did not fit max_tokens={page.max_tokens}.)")
         if page.next_position is not None:

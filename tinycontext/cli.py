@@ -12,15 +12,16 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from io import TextIOWrapper
+from pathlib import Path
 
 from . import __version__
 from .config import TinyContextConfig, load_config
 from .engine import MemoryEngine
-from .errors import InvalidInputError, ModelUnavailableError, TinyContextError
-from .render import DETAILS, memory_block, to_json
+from .errors import InvalidInputError, ModelUnavailableError, StorageError, TinyContextError
+from .render import DETAILS, memory_block, one_line, plural, to_json
 
 
 @dataclass(frozen=True)
@@ -218,13 +219,38 @@ def save(args):
     memories = [{**turn, **m} if isinstance(m, dict) else m for m in memories]  # a memory's own values win
     with open_engine(args) as engine:
         result = engine.save(memories, session_id=args.session, episode=args.episode)
-    lines = [f"Saved {len(result['ids'])} memor{'y' if len(result['ids']) == 1 else 'ies'} in session {result['session_id']}"
-             + (f": ids {', '.join(map(str, result['ids']))} ({result['total_tokens']} tokens)" if result["ids"] else "")]
-    for skip in result["skipped"]:
-        lines.append(f"  skipped #{skip['index'] + 1}: {skip['reason'].replace('_', ' ')} of id {skip.get('duplicate_of', skip.get('similar_to'))}")
-    for near in result["near_duplicates"]:
-        lines.append(f"  note: #{near['index'] + 1} is similar to id {near['similar_to']} (cosine {near['similarity']})")
+    ids = result["ids"]
+    lines = [f"Saved {plural(len(ids), 'memory', 'memories')} in session {result['session_id']}"
+             + (f": {'id' if len(ids) == 1 else 'ids'} {id_ranges(ids)} ({plural(result['total_tokens'], 'token')})" if ids else "")]
+    lines += summarised([f"  skipped #{s['index'] + 1}: {s['reason'].replace('_', ' ')} of id {s.get('duplicate_of', s.get('similar_to'))}"
+                         for s in result["skipped"]], "skipped")
+    lines += summarised([f"  note: #{n['index'] + 1} is similar to id {n['similar_to']} (cosine {n['similarity']})"
+                         for n in result["near_duplicates"]], "near-duplicate notes")
     emit(args, result, "\n".join(lines))
+
+
+NOTES_SHOWN = 5  # per kind of note; the rest are counted (--json lists them all)
+
+
+def id_ranges(ids: list[int]) -> str:
+    """``3, 5-9, 12``: consecutive ids as ranges (a bulk save gets one line, not thousands of numbers)."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    if len(shown) > NOTES_SHOWN * 4:
+        return ", ".join(shown[:NOTES_SHOWN * 4]) + f", ... ({len(ids)} in all; --json lists them)"
+    return ", ".join(shown)
+
+
+def summarised(lines: list[str], what: str) -> list[str]:
+    """The first few of many similar lines, then how many more there are."""
+    if len(lines) <= NOTES_SHOWN + 1:
+        return lines
+    return [*lines[:NOTES_SHOWN], f"  ... and {len(lines) - NOTES_SHOWN} more {what} (--json lists them all)"]
 
 
 def _recall_args(parser):
@@ -357,8 +383,9 @@ def forget(args):
     with open_engine(args) as engine:
         result = engine.delete_memories(session_id=args.session, tags=args.tag, filters=filters_of(args),
                                         dry_run=args.confirm is None, confirm=args.confirm)
-    text = (f"{result['matched']} memories match; nothing deleted. Run again with --confirm {result['matched']} to delete them."
-            if result["dry_run"] else f"Deleted {result['deleted']} memories.")
+    matched = plural(result["matched"], "memory", "memories") + (" matches" if result["matched"] == 1 else " match")
+    text = (f"{matched}; nothing deleted. Run again with --confirm {result['matched']} to delete {'it' if result['matched'] == 1 else 'them'}."
+            if result["dry_run"] else f"Deleted {plural(result['deleted'], 'memory', 'memories')}.")
     emit(args, result, text)
 
 
@@ -366,7 +393,8 @@ def forget(args):
 def sessions(args):
     with open_engine(args) as engine:
         rows = engine.sessions()
-    text = "\n".join(f"{s['session_id']}\t{s['memories']} memories\t{s['tokens']} tokens\tsince {s['created_at'][:10]}" for s in rows)
+    text = "\n".join(f"{s['session_id']}\t{plural(s['memories'], 'memory', 'memories')}\t{plural(s['tokens'], 'token')}\tsince {s['created_at'][:10]}"
+                     for s in rows)
     emit(args, rows, text or "No sessions yet.")
 
 
@@ -385,7 +413,7 @@ def reindex(args):
             raise ModelUnavailableError(f"Nothing to re-embed with: {engine.keyword_reason}. Configure an embedding model first.")
         result = {"reindexed": engine.reindexed, "embedder": engine.embedder.identity}
     model = result["embedder"]["model"]
-    text = f"Re-embedded {result['reindexed']} memories with {model}." if result["reindexed"] else f"Vectors already match {model}; nothing to re-embed."
+    text = f"Re-embedded {plural(result['reindexed'], 'memory', 'memories')} with {model}." if result["reindexed"] else f"Vectors already match {model}; nothing to re-embed."
     emit(args, result, text)
 
 
@@ -434,11 +462,33 @@ def export(args):
 
     store = existing_store(args)
     try:
-        with (open(args.output, "w", encoding="utf-8") if args.output else nullcontext(sys.stdout)) as out:
-            count = export_jsonl(store, out, session_id=args.session, vectors=not args.no_vectors)
+        if args.output:
+            count = _export_to_file(store, Path(args.output).expanduser(), args)
+        else:
+            count = export_jsonl(store, sys.stdout, session_id=args.session, vectors=not args.no_vectors)
     finally:
         store.close()
-    print(f"Exported {count} memories.", file=sys.stderr)
+    print(f"Exported {plural(count, 'memory', 'memories')}" + (f" to {args.output}." if args.output else "."), file=sys.stderr)
+
+
+def _export_to_file(store, path: Path, args) -> int:
+    """Write beside the target, then rename: a failed export never leaves a half-written file."""
+    from .store import make_folder
+    from .transfer import export_jsonl
+
+    if path.is_dir():
+        raise InvalidInputError(f"--output {path} is a folder; give a file name, e.g. {path / 'memories.jsonl'}.")
+    make_folder(path, f"--output {path}", "Give --output")
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with open(partial, "w", encoding="utf-8") as out:
+            count = export_jsonl(store, out, session_id=args.session, vectors=not args.no_vectors)
+        os.replace(partial, path)
+    except OSError as exc:
+        with suppress(OSError):  # nothing to clean up where nothing could be written
+            partial.unlink(missing_ok=True)
+        raise StorageError(f"Cannot write --output {path}: {exc.strerror or exc}. Choose a path in a folder you can write to.") from exc
+    return count
 
 
 def _import_args(parser):
@@ -452,8 +502,8 @@ def import_(args):
 
     with open_engine(args) as engine:
         report = (import_jsonl(engine, sys.stdin, source="stdin") if args.path == "-" else import_file(engine, args.path)).to_dict()
-    text = (f"Imported {report['imported']} memories ({report['history']} old versions, {report['embedded']} embedded), "
-            f"skipped {report['skipped']} already present.")
+    text = (f"Imported {plural(report['imported'], 'memory', 'memories')} ({plural(report['history'], 'old version')}, "
+            f"{report['embedded']} embedded), skipped {report['skipped']} already present.")
     if report["renumbered"]:
         text += f" {len(report['renumbered'])} took new ids because theirs were taken (see --json)."
     emit(args, report, text)
@@ -474,7 +524,7 @@ def backup(args):
         result = backup_db(store, args.path, overwrite=args.force)
     finally:
         store.close()
-    emit(args, result, f"Backed up {result['memories']} memories to {result['path']} ({result['bytes']} bytes).")
+    emit(args, result, f"Backed up {plural(result['memories'], 'memory', 'memories')} to {result['path']} ({plural(result['bytes'], 'byte')}).")
 
 
 # -- entry point ------------------------------------------------------------------------------
@@ -485,6 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "With no command, runs the MCP server on stdio.")
     parser.add_argument("--version", action="version", version=f"tinycontext {__version__}")
     parser.add_argument("--config", metavar="PATH", help="JSON config file (default: $TINYCONTEXT_CONFIG_PATH or the per-user one)")
+    parser.add_argument("--traceback", action="store_true", help="on an unexpected error, show the Python traceback (for a bug report)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for cmd in COMMANDS.values():
         cmd.configure(subparsers.add_parser(cmd.name, help=cmd.help, description=cmd.help))
@@ -496,13 +547,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command or "mcp"].run(args) or 0
     except TinyContextError as err:
-        print(err, file=sys.stderr)
+        print(one_line(str(err)), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly; point stdout at devnull so the final flush cannot fail.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as err:  # a file or folder the command needed (TinyContext's own paths are typed where they are used)
+        where = f" {err.filename}" if err.filename else ""
+        print(f"storage_error: {err.strerror or err}:{where}. Check the path and its permissions, then retry.", file=sys.stderr)
+        return 1
+    except Exception as err:  # noqa: BLE001 - one line, not a traceback; --traceback shows it for a bug report
+        if args.traceback:
+            raise
+        print(one_line(f"internal_error: {type(err).__name__}: {err}. This is a bug in TinyContext: please report it "
+                       "with the output of the same command run with --traceback."), file=sys.stderr)
         return 1
 
 

@@ -7,8 +7,11 @@ environment variables.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import sys
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -170,6 +173,68 @@ class TinyContextConfig(BaseModel):
 
 
 FIELDS = TinyContextConfig.model_fields
+# TINYCONTEXT_* variables that are not settings: read by the servers (token), the store (driver), the
+# evaluation harness and the test suite. Any other one is a typo, and load_config says so.
+OTHER_VARIABLES = frozenset({
+    CONFIG_PATH_ENV, "TINYCONTEXT_API_TOKEN", "TINYCONTEXT_API_TOKEN_FILE", "TINYCONTEXT_API_TOKEN_SECRET",
+    "TINYCONTEXT_SQLITE_DRIVER", "TINYCONTEXT_EVAL_CACHE", "TINYCONTEXT_EVAL_STORE", "TINYCONTEXT_RUN_DIR",
+    "TINYCONTEXT_SWEEP_DIR", "TINYCONTEXT_SHARED", "TINYCONTEXT_TEST_EMBEDDER", "TINYCONTEXT_ONLINE_TESTS",
+})
+_warned: set[str] = set()  # unknown variables already reported by this process
+
+
+def known_variables() -> list[str]:
+    return sorted([ENV_PREFIX + name.upper() for name in FIELDS] + list(OTHER_VARIABLES))
+
+
+def unknown_variables(env: dict[str, str]) -> list[tuple[str, str | None]]:
+    """(variable, closest real name or None) for each TINYCONTEXT_* variable that TinyContext does not read."""
+    known = known_variables()
+    # Compared without the shared prefix, which would make every name look close.
+    suffixes = {name[len(ENV_PREFIX):]: name for name in known}
+    return [(key, next((suffixes[m] for m in difflib.get_close_matches(key[len(ENV_PREFIX):], suffixes, n=1, cutoff=0.6)), None))
+            for key in sorted(env) if key.startswith(ENV_PREFIX) and key not in known]
+
+
+def _warn_unknown(env: dict[str, str]) -> None:
+    for key, close in unknown_variables(env):
+        if key not in _warned:
+            _warned.add(key)
+            hint = f"did you mean {close}?" if close else "see README.md, section Configuration, for the settings."
+            print(f"warning: {key} is not a TinyContext setting and is ignored; {hint}", file=sys.stderr)
+
+
+def allowed_values(name: str) -> str:
+    """What a setting accepts, in words: 'porter, unicode61 or trigram', 'an integer from 1 to 1000'."""
+    field = FIELDS[name]
+    annotation, args = field.annotation, typing.get_args(field.annotation)
+    if typing.get_origin(annotation) is Literal:
+        return "one of " + ", ".join(map(str, args))
+    kinds = {annotation, *args}
+    kind = ("true or false" if bool in kinds else "an integer" if int in kinds else "a number" if float in kinds
+            else "a path" if Path in kinds else "text")
+    bounds = {key: getattr(m, key) for m in field.metadata for key in ("ge", "gt", "le", "lt") if getattr(m, key, None) is not None}
+    if "ge" in bounds and "le" in bounds:
+        kind += f" from {bounds['ge']} to {bounds['le']}"
+    else:
+        kind += "".join(f" {words} {bounds[key]}" for key, words in
+                        (("ge", "of at least"), ("gt", "above"), ("le", "of at most"), ("lt", "below")) if key in bounds)
+    return kind + (" (or unset)" if type(None) in kinds else "")
+
+
+def _one_line(exc: ValidationError, source_of: dict[str, str]) -> str:
+    """A pydantic error as one line per setting: where the value came from, what is wrong, what is allowed."""
+    parts = []
+    for error in exc.errors():
+        name = str(error["loc"][0]) if error["loc"] else "?"
+        where = source_of.get(name, name)
+        if error["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(name, list(FIELDS), n=1, cutoff=0.6)
+            parts.append(f"{where}: unknown setting {name!r}" + (f"; did you mean {close[0]!r}?" if close else "; see README.md, section Configuration."))
+            continue
+        value = str(error.get("input"))[:60]
+        parts.append(f"{where}={value!r} is not allowed ({error['msg']}); {name} takes {allowed_values(name)}.")
+    return " ".join(parts)
 
 
 def _coerce_env(name: str, raw: str) -> Any:
@@ -212,12 +277,16 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
         if isinstance(model, str) and model.startswith((".", "/")):
             data["embedding_model"] = str((file.parent / model).resolve())
         values.update(data)
+    source_of = {name: f"{file} key" for name in values}
     for name in FIELDS:
         key = ENV_PREFIX + name.upper()
         if key in env:
             values[name] = _coerce_env(name, env[key])
+            source_of[name] = key
+    _warn_unknown(env)
     values.update(overrides)
+    source_of.update({name: f"override {name}" for name in overrides})
     try:
         return TinyContextConfig(**values)
     except ValidationError as exc:
-        raise ConfigError(f"Invalid configuration ({file if file.is_file() else 'env'}): {exc}") from exc
+        raise ConfigError(f"Invalid configuration: {_one_line(exc, source_of)}") from exc

@@ -18,6 +18,7 @@ from datetime import date, datetime
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import browse, conversation, keyword, language, when
@@ -94,6 +95,10 @@ def _depth(value: Any, level: int = 0) -> int:
     if isinstance(value, list):
         return max([_depth(v, level + 1) for v in value], default=level + 1)
     return level
+
+
+# Text that shows nothing: whitespace of any script (U+3000 ...) and invisible format characters (U+200B ...).
+_BLANK = regex.compile(r"[\p{White_Space}\p{Default_Ignorable_Code_Point}]*")
 
 
 def _clean_text(value: str, what: str) -> str:
@@ -237,7 +242,7 @@ class MemoryEngine:
             except (ValidationError, TypeError) as exc:
                 raise InvalidInputError(f"{where} is malformed: {exc}".splitlines()[0] + " Expected {content: str, tags: [str], metadata: {}}.") from exc
             content = _clean_text(item.content, f"{where}.content").strip()
-            if not content:
+            if _BLANK.fullmatch(content):
                 raise EmptyMemoryError(f"{where} has empty content; give every memory some text.", index=i)
             if len(content) > self.config.max_content_chars:
                 raise InvalidInputError(f"{where}.content has {len(content)} characters; the limit is {self.config.max_content_chars}. Split it or save a summary.", index=i)
@@ -274,6 +279,12 @@ class MemoryEngine:
         uid is already here is skipped, so importing twice adds nothing), the id when this database
         never used it (else a new one, reported in ``renumbered``), dates, version, history, and the
         vector when its size fits this embedder (else the text is embedded again)."""
+        items, stored = self.check_import(memories)
+        return self._write(items, _check_session(session_id) or DEFAULT_SESSION, None, stored)
+
+    def check_import(self, memories: Sequence[StoredMemory | dict]) -> tuple[list[MemoryInput], list[StoredMemory]]:
+        """What :meth:`import_memories` checks before writing, without writing: an importer checks a
+        whole file first, so that a bad record refuses all of it."""
         try:
             stored = [m if isinstance(m, StoredMemory) else StoredMemory.model_validate(m) for m in memories]
         except ValidationError as exc:
@@ -284,7 +295,7 @@ class MemoryEngine:
             for old in m.history:
                 if not {"version", "content", "created_at", "superseded_at"} <= old.keys():
                     raise InvalidInputError(f"memories[{i}].history entries need version, content, created_at and superseded_at.", index=i)
-        return self._write(items, _check_session(session_id) or DEFAULT_SESSION, None, stored)
+        return items, stored
 
     def ensure_session(self, session_id: str, *, created_at: str | None = None) -> bool:
         """Create a session (with ``created_at``, e.g. kept by an import) unless it exists; True if created."""

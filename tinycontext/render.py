@@ -37,6 +37,11 @@ def to_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def plural(count: int, singular: str, many: str | None = None) -> str:
+    """``1 memory``, ``2 memories``, ``1 token``: a count with its noun in the right number."""
+    return f"{count} {singular if count == 1 else many or singular + 's'}"
+
+
 def one_line(text: str) -> str:
     return " ".join(text.split())
 

@@ -29,6 +29,8 @@ SCHEMA_VERSION = 6
 # What reindexing reads: each memory's id, session and the text its vector embeds (as save does).
 _EMBED_ROWS = f"SELECT id, session_id, {EMBEDDING_COLUMNS} FROM memories ORDER BY id"
 BUSY_TIMEOUT_MS = 10_000
+# The columns of tinysuite-context's memories table (transfer.import_legacy reads those databases).
+LEGACY_SIGNATURE = frozenset({"id", "session_id", "content", "created_at"})
 
 
 def _can_load_extensions(module: ModuleType) -> bool:
@@ -220,10 +222,14 @@ class Store:
         self._writing = threading.local()  # set while this thread holds a write transaction
         self.driver, self.driver_reason = sqlite_driver()
         if str(path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_folder()
+            self._probe()
         try:
             self.conn = self.driver.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False, isolation_level=None)
         except self.driver.Error as exc:
+            if not os.access(self.path.parent, os.W_OK):
+                raise StorageError(f"Cannot open database {path}: {exc}. Its folder {self.path.parent} is not writable (a read-only "
+                                   "volume or mount?): point memory_db_path (TINYCONTEXT_MEMORY_DB_PATH) at a writable place.") from exc
             raise StorageError(f"Cannot open database {path}: {exc}. Check the path and its permissions.") from exc
         self.lock = threading.RLock()
         try:
@@ -245,6 +251,43 @@ class Store:
             self.conn.close()
             raise
 
+    def _make_folder(self) -> None:
+        make_folder(self.path, f"database {self.path}", "Point memory_db_path (TINYCONTEXT_MEMORY_DB_PATH) at")
+        if self.path.is_dir():
+            raise StorageError(f"Cannot use database {self.path}: it is a folder. Point memory_db_path (TINYCONTEXT_MEMORY_DB_PATH) "
+                               f"at a file, e.g. {self.path / 'memory.db'}.")
+
+    def _probe(self) -> None:
+        """Look at an existing file read-only before anything may write to it: switching it to WAL or
+        migrating a file that is not a TinyContext database (or is newer) would change it, and a
+        refused file must stay byte for byte as it was."""
+        try:
+            if self.path.stat().st_size == 0:
+                return  # a new (or empty) file: SQLite treats it as an empty database
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StorageError(f"Cannot open database {self.path}: {exc.strerror}. Check the path and its permissions.") from exc
+        try:
+            conn = self.driver.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                columns = {r[1] for r in conn.execute("PRAGMA table_info(memories)")}
+            finally:
+                conn.close()
+        except self.driver.Error as exc:
+            raise StorageError(f"Cannot use database {self.path}: {exc}. It is damaged or not a SQLite database and was not changed: "
+                               "point memory_db_path at a TinyContext database or a new file, or restore a backup.") from exc
+        if version > SCHEMA_VERSION:
+            raise StorageError(f"Database {self.path} has schema v{version}, newer than this TinyContext (v{SCHEMA_VERSION}); "
+                               "it was not changed. Upgrade tinycontext.")
+        if tables and not ({"meta", "sessions", "memories"} <= tables and "content_hash" in columns):
+            what = ("a legacy TinyContext database (import it with `tinycontext import PATH`)" if LEGACY_SIGNATURE <= columns
+                    else "another application's SQLite database")
+            raise StorageError(f"Cannot use database {self.path}: it is {what}, not a TinyContext database, and was not changed. "
+                               "Point memory_db_path at a TinyContext database or a new file.")
+
     def _load_sqlite_vec(self, conn) -> None:
         import sqlite_vec
 
@@ -261,13 +304,20 @@ class Store:
     def write(self) -> Iterator:
         """A write transaction; BEGIN IMMEDIATE takes the write lock up front so concurrent
         writers wait on busy_timeout instead of failing with a deadlock on lock upgrade. Any failure,
-        the COMMIT's included (a full disk), rolls everything back; SQLite errors become StorageError."""
+        the COMMIT's included (a full disk), rolls everything back; SQLite errors become StorageError.
+        Inside this thread's write transaction it joins that one: an import writes many batches, all
+        or nothing."""
         with self.lock:
+            if getattr(self._writing, "active", False):
+                try:
+                    yield self.conn
+                except self.driver.Error as exc:
+                    raise storage_error(exc, self.path) from exc
+                return
             try:
                 self.conn.execute("BEGIN IMMEDIATE")
             except self.driver.Error as exc:
                 raise storage_error(exc, self.path) from exc
-            outer = getattr(self._writing, "active", False)
             self._writing.active = True  # reads in the transaction must see its own changes: same connection
             try:
                 yield self.conn
@@ -282,7 +332,7 @@ class Store:
                     raise storage_error(exc, self.path) from exc
                 raise
             finally:
-                self._writing.active = outer
+                self._writing.active = False
 
     @contextmanager
     def reading(self) -> Iterator:
@@ -433,6 +483,20 @@ class Store:
                 conn.close()
             self._readers.clear()
             self.conn.close()
+
+
+def make_folder(path: Path, what: str, fix: str) -> None:
+    """Create ``path``'s folder; a parent that is a file, or one that cannot be written, is a StorageError
+    saying which (``what``: what the file is for; ``fix``: the start of a sentence naming the setting)."""
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        blocker = next((p for p in [folder, *folder.parents] if p.exists() and not p.is_dir()), folder)
+        raise StorageError(f"Cannot create the folder for {what}: {blocker} is a file, not a folder. {fix} a file inside a folder.") from exc
+    except OSError as exc:  # permissions, a read-only file system
+        raise StorageError(f"Cannot create the folder {folder} for {what}: {exc.strerror or exc}. {fix} a writable place, "
+                           "or fix the folder's permissions.") from exc
 
 
 def same_embedder(stored: dict | None, identity: dict) -> bool:

@@ -23,16 +23,18 @@ import hashlib
 import json
 import os
 import sqlite3
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Callable, Iterable, Iterator
 
 import numpy as np
 
-from .engine import MemoryEngine
+from .engine import MemoryEngine, _check_session
 from .errors import InvalidInputError, SessionNotFoundError, StorageError
+from .filters import parse_time
 from .model_hub import REGISTRY
-from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory
+from .store import LEGACY_SIGNATURE, MEMORY_COLUMNS, Store, make_folder, now_iso, row_to_memory
 
 FORMAT = "tinycontext-export"
 FORMAT_VERSION = 1
@@ -146,9 +148,54 @@ def _stable_uid(*parts) -> str:
     return "export:" + hashlib.sha256("\x00".join(map(str, parts)).encode("utf-8")).hexdigest()[:32]
 
 
+# The fields each record type may carry (what iter_export writes); anything else is refused, not dropped.
+HEADER_FIELDS = {"type", "format", "format_version", "exported_at", "schema_version", "embedder", "memories", "vectors"}
+SESSION_FIELDS = {"type", "id", "created_at"}
+MEMORY_FIELDS = {"type", "id", "session_id", "content", "tags", "metadata", "created_at", "updated_at", "version", "uid",
+                 "expires_at", "history", "vector", "occurred_at", "speaker", "attachments", "episode"}
+HISTORY_FIELDS = {"version", "content", "tags", "metadata", "created_at", "superseded_at"}
+MAX_INTEGER = 2**63 - 1  # SQLite's INTEGER
+
+
+def _unknown(record: dict, allowed: set[str], what: str, where: str) -> None:
+    extra = sorted(set(record) - allowed)
+    if extra:
+        raise _bad(where, f"unknown field{'s' if len(extra) > 1 else ''} {', '.join(map(repr, extra[:5]))} in a {what} record "
+                          f"(known: {', '.join(sorted(allowed - {'type'}))}); the file was not written by this version of `tinycontext export`.")
+
+
+def _integer(value, name: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INTEGER:
+        raise _bad(where, f"{name} must be an integer from 1 to {MAX_INTEGER}, got {str(value)[:40]}.")
+    return value
+
+
+def _time(value, name: str, where: str) -> str:
+    """An ISO 8601 date or time, kept as written (an import copies the source's text exactly)."""
+    try:
+        parse_time(value, name)
+    except InvalidInputError as exc:
+        raise _bad(where, exc.message) from exc
+    return value
+
+
+def _history(raw, where: str) -> list[dict]:
+    if not isinstance(raw, list) or not all(isinstance(h, dict) for h in raw):
+        raise _bad(where, "history must be a list of earlier versions.")
+    out = []
+    for h in raw:
+        _unknown(h, HISTORY_FIELDS, "history", where)
+        if not isinstance(h.get("content"), str):
+            raise _bad(where, "every history entry needs its content (a string).")
+        out.append({**h, "version": _integer(h.get("version"), "history version", where),
+                    "created_at": _time(h.get("created_at"), "history created_at", where),
+                    "superseded_at": _time(h.get("superseded_at"), "history superseded_at", where)})
+    return out
+
+
 def _jsonl_rows(engine: MemoryEngine, lines: Iterable[str], source: str) -> Iterator[_Pending | tuple]:
-    """Parse an export; yields ("session", id, created_at) tuples and memories to import."""
-    identity = engine.embedder.identity
+    """Parse an export; yields ("session", id, created_at, where) tuples and memories to import."""
+    identity = engine.embedder.identity if engine.embedder is not None else None  # None: keyword-only, no vectors
     reuse_vectors = False
     for number, line in enumerate(lines, 1):
         where = f"{source}:{number}"
@@ -156,38 +203,54 @@ def _jsonl_rows(engine: MemoryEngine, lines: Iterable[str], source: str) -> Iter
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise _bad(where, f"not JSON ({exc.msg}); expected one export record per line.") from exc
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise _bad(where, f"not JSON ({getattr(exc, 'msg', 'nested too deeply')}); expected one export record per line.") from exc
         kind = record.get("type") if isinstance(record, dict) else None
         if number == 1 and kind != "header":
             raise _bad(where, "missing export header; this file was not written by `tinycontext export`.")
         if kind == "header":
             if record.get("format") != FORMAT or record.get("format_version") != FORMAT_VERSION:
                 raise _bad(where, f"unsupported format {record.get('format')!r} v{record.get('format_version')}.")
-            reuse_vectors = record.get("embedder") == identity
+            _unknown(record, HEADER_FIELDS, "header", where)
+            reuse_vectors = identity is not None and record.get("embedder") == identity
         elif kind == "session":
-            if not isinstance(record.get("id"), str) or not isinstance(record.get("created_at"), str):
-                raise _bad(where, "a session record needs string id and created_at.")
-            yield ("session", record["id"], record["created_at"], where)
+            _unknown(record, SESSION_FIELDS, "session", where)
+            if not isinstance(record.get("id"), str):
+                raise _bad(where, "a session record needs a string id.")
+            yield ("session", record["id"], _time(record.get("created_at"), "session created_at", where), where)
         elif kind == "memory":
-            old_id, created = record.get("id"), record.get("created_at")
-            if isinstance(old_id, bool) or not isinstance(old_id, int) or old_id < 1 or not isinstance(created, str):
-                raise _bad(where, "a memory record needs id (positive integer), session_id and created_at.")
-            history = record.get("history") or []
-            if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
-                raise _bad(where, "history must be a list of earlier versions.")
+            _unknown(record, MEMORY_FIELDS, "memory", where)
+            old_id = _integer(record.get("id"), "id", where)
+            created = _time(record.get("created_at"), "created_at", where)
+            session = record.get("session_id")
+            if session is not None and not isinstance(session, str):
+                raise _bad(where, f"session_id must be a string, got {str(session)[:40]}.")
             memory = {k: record[k] for k in ("content", "tags", "metadata", "occurred_at", "speaker", "attachments", "episode", "expires_at",
-                                             "updated_at", "version") if record.get(k) is not None}
+                                             "uid") if record.get(k) is not None}
+            if record.get("updated_at") is not None:
+                memory["updated_at"] = _time(record["updated_at"], "updated_at", where)
+            if record.get("version") is not None:
+                memory["version"] = _integer(record["version"], "version", where)
             vector = _decode_vector(record.get("vector"), identity["dimensions"], where) if reuse_vectors else None
-            memory.update(id=old_id, created_at=created, history=history, vector=None if vector is None else vector.tolist(),
-                          uid=record.get("uid") or _stable_uid(record.get("session_id"), old_id, created, record.get("content")))
-            yield _Pending(where, record.get("session_id"), memory)
+            memory.update(id=old_id, created_at=created, history=_history(record.get("history") or [], where),
+                          vector=None if vector is None else vector.tolist())
+            memory.setdefault("uid", _stable_uid(session, old_id, record.get("created_at"), record.get("content")))
+            yield _Pending(where, session, memory)
         else:
             raise _bad(where, f"unknown record type {kind!r}.")
 
 
+def _check(engine: MemoryEngine, pending: _Pending) -> None:
+    """The engine's own checks of one memory (content, tags, metadata, times ...), with its line."""
+    try:
+        engine.check_import([pending.memory])
+    except InvalidInputError as exc:
+        message = exc.message.removeprefix("memories[0]").removeprefix("memories are malformed: ").lstrip(".: ")
+        raise _bad(pending.where, message) from exc
+
+
 def _import_chunk(engine: MemoryEngine, chunk: list[_Pending], report: ImportReport) -> None:
-    """Each session's memories go through the engine's write path, one transaction per session."""
+    """Each session's memories go through the engine's write path (joining the import's transaction)."""
     by_session: dict[str | None, list[_Pending]] = {}
     for pending in chunk:
         by_session.setdefault(pending.session_id, []).append(pending)
@@ -205,52 +268,65 @@ def _import_chunk(engine: MemoryEngine, chunk: list[_Pending], report: ImportRep
         report.history += sum(len(p.memory.get("history") or []) for i, p in enumerate(group) if i in kept)
 
 
-def _run(engine: MemoryEngine, items: Iterable, report: ImportReport) -> ImportReport:
-    chunk: list[_Pending] = []
-    for item in items:
-        if isinstance(item, tuple):  # a session record: make sure it exists with its original date
+def _run(engine: MemoryEngine, items: Callable[[], Iterable[_Pending | tuple]], report: ImportReport) -> ImportReport:
+    """Check every record first (``items()`` is read twice), then write them all in one transaction:
+    a bad record anywhere in a file imports nothing, and an interrupted import leaves nothing half done."""
+    for item in items():
+        if isinstance(item, tuple):
             try:
-                report.sessions += engine.ensure_session(item[1], created_at=item[2])
+                _check_session(item[1])
             except InvalidInputError as exc:
                 raise _bad(item[3], exc.message) from exc
-            continue
-        chunk.append(item)
-        if len(chunk) >= CHUNK:
+        else:
+            _check(engine, item)
+    chunk: list[_Pending] = []
+    with engine.index.write():
+        for item in items():
+            if isinstance(item, tuple):  # a session record: make sure it exists with its original date
+                try:
+                    report.sessions += engine.ensure_session(item[1], created_at=item[2])
+                except InvalidInputError as exc:
+                    raise _bad(item[3], exc.message) from exc
+                continue
+            chunk.append(item)
+            if len(chunk) >= CHUNK:
+                _import_chunk(engine, chunk, report)
+                chunk = []
+        if chunk:
             _import_chunk(engine, chunk, report)
-            chunk = []
-    if chunk:
-        _import_chunk(engine, chunk, report)
     return report
 
 
 def import_jsonl(engine: MemoryEngine, stream: IO[str] | Iterable[str], *, source: str = "<stream>") -> ImportReport:
-    """Import an export stream. Each chunk of memories commits on its own; every memory keeps its
-    uid, so importing the same file again, or re-running after an interruption, adds nothing."""
-    report = ImportReport(source=source)
-    return _run(engine, _jsonl_rows(engine, stream, source), report)
+    """Import an export stream (held in memory: it is read twice, to check and to write). Every
+    memory keeps its uid, so importing the same file again adds nothing."""
+    lines = list(stream)
+    return _run(engine, lambda: _jsonl_rows(engine, lines, source), ImportReport(source=source))
+
+
+def _file_rows(engine: MemoryEngine, path: Path) -> Iterator[_Pending | tuple]:
+    with open(path, encoding="utf-8") as fh:
+        yield from _jsonl_rows(engine, fh, str(path))
 
 
 def import_file(engine: MemoryEngine, path: str | os.PathLike) -> ImportReport:
-    """Import a JSONL export, or a legacy TinyContext (tinysuite-context) SQLite database."""
+    """Import a JSONL export (read from disk twice, to check and to write: memory stays bounded),
+    or a legacy TinyContext (tinysuite-context) SQLite database."""
     path = Path(path)
     try:
         with open(path, "rb") as fh:
             magic = fh.read(len(SQLITE_MAGIC))
     except OSError as exc:
-        raise InvalidInputError(f"Cannot read {path}: {exc}.") from exc
+        raise InvalidInputError(f"Cannot read {path}: {exc.strerror or exc}. Check the path and its permissions.") from exc
     if magic == SQLITE_MAGIC:
         return import_legacy(engine, path)
     try:
-        with open(path, encoding="utf-8") as fh:
-            return import_jsonl(engine, fh, source=str(path))
+        return _run(engine, lambda: _file_rows(engine, path), ImportReport(source=str(path)))
     except UnicodeDecodeError as exc:
         raise InvalidInputError(f"{path} is neither UTF-8 JSONL nor a SQLite database ({exc}).") from exc
 
 
 # -- legacy TinyContext (tinysuite-context 0.4/0.5) -------------------------------------------------
-
-LEGACY_COLUMNS = {"id", "session_id", "content", "created_at"}
-
 
 def _legacy_vector_ok(key: str | None, dims: int | None, identity: dict) -> bool:
     """Legacy vectors are keyed ``backend:repo_id:document-prefix:<sha256[:12]>``; they are reusable
@@ -271,14 +347,14 @@ def _legacy_rows(engine: MemoryEngine, path: Path) -> Iterator[_Pending]:
         columns = {r[1] for r in conn.execute("PRAGMA table_info(memories)")}
     except sqlite3.Error as exc:
         raise StorageError(f"Cannot read {path} as a SQLite database: {exc}.") from exc
-    if not LEGACY_COLUMNS <= columns or "content_hash" in columns:
+    if not LEGACY_SIGNATURE <= columns or "content_hash" in columns:
         conn.close()
         raise InvalidInputError(
             f"{path} is a SQLite file but not a legacy TinyContext database (needs memories(id, session_id, content, created_at)). "
             "To copy a TinyContext database, use `tinycontext export` on it and import the JSONL.")
     optional = [c for c in ("embedding", "embedding_model", "embedding_dimensions", "superseded_by", "superseded_at", "kind") if c in columns]
     select = ", ".join(["id", "session_id", "content", "created_at", *optional])
-    identity = engine.embedder.identity
+    identity = engine.embedder.identity if engine.embedder is not None else None  # None: keyword-only, no vectors
     try:
         records = [dict(zip(["id", "session_id", "content", "created_at", *optional], r))
                    for r in conn.execute(f"SELECT {select} FROM memories ORDER BY created_at, rowid")]
@@ -304,16 +380,17 @@ def _legacy_rows(engine: MemoryEngine, path: Path) -> Iterator[_Pending]:
             metadata["kind"] = r["kind"]
         old = sorted(history.get(str(r["id"]), []), key=lambda h: h["created_at"])
         versions = [{"version": i + 1, "content": h["content"], "tags": [], "metadata": {"legacy_id": str(h["id"])},
-                     "created_at": h["created_at"], "superseded_at": h.get("superseded_at") or r["created_at"]}
+                     "created_at": _time(h["created_at"], "created_at", where),
+                     "superseded_at": _time(h.get("superseded_at") or r["created_at"], "superseded_at", where)}
                     for i, h in enumerate(old)]
         vector = None
-        if r.get("embedding") and _legacy_vector_ok(r.get("embedding_model"), r.get("embedding_dimensions"), identity):
+        if identity and r.get("embedding") and _legacy_vector_ok(r.get("embedding_model"), r.get("embedding_dimensions"), identity):
             vector = _decode_vector(r["embedding"], identity["dimensions"], where)
             norm = float(np.linalg.norm(vector)) if vector is not None else 0.0
             # Some legacy models stored unnormalised vectors; duplicate detection assumes unit length.
             vector = vector / norm if norm else None
         yield _Pending(where, r["session_id"] or None, {
-            "content": r["content"], "metadata": metadata, "created_at": str(r["created_at"]), "version": len(versions) + 1,
+            "content": r["content"], "metadata": metadata, "created_at": _time(r["created_at"], "created_at", where), "version": len(versions) + 1,
             "history": versions, "vector": None if vector is None else vector.tolist(), "uid": f"legacy:{r['id']}"})
 
 
@@ -323,7 +400,7 @@ def import_legacy(engine: MemoryEngine, path: str | os.PathLike) -> ImportReport
     are kept. A memory already present in its session (same text) is skipped, so re-running is safe."""
     path = Path(path)
     report = ImportReport(source=str(path))
-    return _run(engine, _legacy_rows(engine, path), report)
+    return _run(engine, lambda: _legacy_rows(engine, path), report)
 
 
 # -- backup ----------------------------------------------------------------------------------------
@@ -338,9 +415,10 @@ def backup(source: MemoryEngine | Store, dest: str | os.PathLike, *, overwrite: 
         raise InvalidInputError(f"{dest} already exists; choose another path or pass overwrite=True (CLI: --force).")
     if dest.resolve() == store.path.resolve():
         raise InvalidInputError("The backup path is the database itself; choose another path.")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".partial")
-    tmp.unlink(missing_ok=True)
+    make_folder(dest, f"the backup {dest}", "Give the backup")
+    with suppress(OSError):  # a read-only folder: the connect below says so
+        tmp.unlink(missing_ok=True)
     try:
         target = store.driver.connect(str(tmp))
         try:
@@ -355,8 +433,9 @@ def backup(source: MemoryEngine | Store, dest: str | os.PathLike, *, overwrite: 
         if check != "ok":
             raise StorageError(f"The backup at {tmp} failed its integrity check ({check}); the source may be damaged.")
         os.replace(tmp, dest)
-    except store.driver.Error as exc:
-        tmp.unlink(missing_ok=True)
-        raise StorageError(f"Backup to {dest} failed: {exc}.") from exc
+    except (store.driver.Error, OSError) as exc:
+        with suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise StorageError(f"Backup to {dest} failed: {exc}. Check that {dest.parent} is writable and has free space.") from exc
     return {"path": str(dest), "bytes": dest.stat().st_size, "memories": count}
 

@@ -253,8 +253,13 @@ class VectorIndex:
     @contextmanager
     def write(self) -> Iterator:
         """The store's write transaction, with the copy synced first and the edits queued by
-        :meth:`add`, :meth:`replace` and :meth:`remove` applied only once it commits."""
+        :meth:`add`, :meth:`replace` and :meth:`remove` applied only once it commits. Nested in an
+        open one (an import's batches), it joins it: the edits wait for the outer commit."""
         with self.store.lock:
+            if self._pending is not None:
+                with self.store.write() as conn:
+                    yield conn
+                return
             self._pending = []
             try:
                 with self.store.write() as conn:

@@ -15,7 +15,7 @@ from ..config import TinyContextConfig
 from ..engine import MemoryEngine, get_engine
 from ..errors import TinyContextError
 from ..filters import FilterSpec
-from ..render import DETAILS, Page, to_json
+from ..render import DETAILS, Page, plural, to_json
 
 Order = Literal[tuple(ORDERS)]  # type: ignore[valid-type]
 FILTERS_HELP = "tags_any, tags_all, metadata equality, created_at/updated_at ranges ({gte, gt, lte, lt})."
@@ -24,14 +24,14 @@ FILTERS_HELP = "tags_any, tags_all, metadata equality, created_at/updated_at ran
 def render_sessions(result: dict) -> str:
     if not result["sessions"]:
         return "No sessions yet."
-    return "\n".join(f"- {s['session_id']}: {s['memories']} memories, {s['tokens']} tokens, since {s['created_at'][:10]}"
+    return "\n".join(f"- {s['session_id']}: {plural(s['memories'], 'memory', 'memories')}, {plural(s['tokens'], 'token')}, since {s['created_at'][:10]}"
                      for s in result["sessions"])
 
 
 def render_delete(result: dict) -> str:
     if result["dry_run"]:
-        return f"{result['matched']} memories match; nothing deleted. {result['next']}"
-    return f"Deleted {result['deleted']} memories."
+        return f"{plural(result['matched'], 'memory', 'memories')} match{'es' if result['matched'] == 1 else ''}; nothing deleted. {result['next']}"
+    return f"Deleted {plural(result['deleted'], 'memory', 'memories')}."
 
 
 def register(server, config: TinyContextConfig) -> None:

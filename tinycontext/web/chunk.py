@@ -19,7 +19,8 @@ _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 # A sentence ends at . ! ? before white space, or before a capitalised word when the space was lost
 # ("the genome.We find": common in text pasted from PDFs and abstracts).
-SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[a-z0-9)][.!?])(?=[A-Z][a-z])")
+# CJK sentences end at 。！？ with no space after them.
+SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[a-z0-9)][.!?])(?=[A-Z][a-z])|(?<=[。！？])(?=\S)")
 _WORD_GAP = re.compile(r"\s+")
 
 
@@ -80,19 +81,24 @@ def _blocks(markdown: str) -> list[_Block]:
 
 
 def _pieces(markdown: str, start: int, end: int, max_tokens: int, counter: TokenCounter) -> list[tuple[int, int]]:
-    """Cut [start, end) into spans of at most ``max_tokens``: at line breaks, sentence ends, then words."""
+    """Cut [start, end) into spans of at most ``max_tokens``: at line breaks, sentence ends, words, and
+    last between characters (a script without spaces, a long URL)."""
     if counter.count(markdown[start:end]) <= max_tokens:
         return [(start, end)]
     text = markdown[start:end]
     for splitter in (re.compile(r"\n+"), SENTENCE_END, _WORD_GAP):
         cuts = [m.end() for m in splitter.finditer(text)]
-        if not cuts:
+        if not cuts and splitter is not _WORD_GAP:
             continue
         bounds = [0, *cuts, len(text)]
         units = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i]]
         costs = counter.count_many([text[a:b] for a, b in units])
-        if max(costs) > max_tokens and splitter is not _WORD_GAP:
-            continue
+        if max(costs) > max_tokens:
+            if splitter is not _WORD_GAP:
+                continue
+            units = [piece for unit, cost in zip(units, costs)
+                     for piece in (_by_characters(text, *unit, max_tokens, counter) if cost > max_tokens else [unit])]
+            costs = counter.count_many([text[a:b] for a, b in units])
         spans: list[tuple[int, int]] = []
         cur_start, cur_cost = None, 0
         for (a, b), cost in zip(units, costs):
@@ -110,7 +116,19 @@ def _pieces(markdown: str, start: int, end: int, max_tokens: int, counter: Token
             if b > a:
                 out.append((start + a, start + b))
         return out
-    return [(start, end)]  # one unbreakable token run: keep it whole rather than cut a word
+
+
+def _by_characters(text: str, start: int, end: int, max_tokens: int, counter: TokenCounter) -> list[tuple[int, int]]:
+    """[start, end) of ``text`` cut between characters into spans of at most ``max_tokens``."""
+    spans = []
+    step = max(1, (end - start) * max_tokens // max(1, counter.count(text[start:end])))  # characters per span, first guess
+    while start < end:
+        stop = min(end, start + step)
+        while stop - start > 1 and counter.count(text[start:stop]) > max_tokens:
+            stop = start + max(1, (stop - start) * 3 // 4)
+        spans.append((start, stop))
+        start = stop
+    return spans
 
 
 def _units(markdown: str, start: int, end: int, tokens: int, max_tokens: int) -> list[tuple[int, int]]:

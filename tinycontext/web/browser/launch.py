@@ -12,8 +12,22 @@ from ...config import TinyContextConfig
 from ...errors import ConfigError, MissingExtraError
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
-# Headless Chromium that talks to nobody but the pages it is sent to: without the background
-# networking, component, sync and first-run switches it contacts Google hosts on its own.
+
+# Chromium keeps only the last --disable-features switch, so this list replaces Playwright's own: it
+# repeats Playwright's (1.65) and adds what else made today's Chromium contact Google by itself
+# (measured in a network namespace, notes/browser_network.md).
+DISABLED_FEATURES = (
+    # Playwright's list.
+    "AvoidUnnecessaryBeforeUnloadCheckSync", "DestroyProfileOnBrowserClose", "HttpsUpgrades",
+    "HttpsFirstBalancedModeAutoEnable", "LensOverlay", "MediaRouter", "PaintHolding", "ThirdPartyStoragePartitioning",
+    "AvoidCorsURLLoaderRestartOnRedirect", "OptimizationHints", "NetworkTimeServiceQuerying", "AimEnabled",
+    "PreconnectToSearch",
+    # Ours: background fetches of models, hints, suggestions and certificates.
+    "Translate", "OptimizationHintsFetching", "OptimizationGuideModelDownloading", "AutofillServerCommunication",
+    "InterestFeedContentSuggestions", "DialMediaRouteProvider", "CertificateTransparencyComponentUpdater",
+)
+# Headless Chromium that talks to nobody but the pages it is sent to, and only through the guard's
+# proxies (the browser-wide one refuses everything: see service.BrowserService._ensure_browser).
 LAUNCH_ARGS = [
     "--headless",
     "--disable-gpu",
@@ -26,10 +40,16 @@ LAUNCH_ARGS = [
     "--disable-client-side-phishing-detection",
     "--disable-breakpad",
     "--metrics-recording-only",
+    "--no-pings",
+    "--dns-prefetch-disable",
+    # No UDP: QUIC off, and WebRTC may use UDP only through a proxy that carries it (ours does not),
+    # so a page's RTCPeerConnection sends nothing around the guard (measured: 24 datagrams without it).
     "--disable-quic",
-    # WebRTC could otherwise send UDP around the proxy that enforces the SSRF guard.
-    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
-    "--disable-features=Translate,MediaRouter,OptimizationHints,AutofillServerCommunication,InterestFeedContentSuggestions",
+    "--webrtc-ip-handling-policy=disable_non_proxied_udp",
+    # The browser itself never resolves a name: pages reach hosts through the proxy, which resolves
+    # them after the guard's check; anything else that asks gets "not found".
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+    "--disable-features=" + ",".join(DISABLED_FEATURES),
 ]
 
 

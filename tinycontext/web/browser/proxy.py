@@ -31,10 +31,18 @@ _HOP = {b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization
         b"trailer", b"upgrade"}
 
 
+class RefuseAll:
+    """The guard of the browser-wide proxy: the browser's own requests (updates, hints, sign-in checks,
+    whatever a new Chromium adds) are refused whatever the address; pages use their context's proxy."""
+
+    async def adecide(self, url: str) -> Decision:
+        return Decision(False, "browser_background", url, detail="the browser's own background request")
+
+
 class GuardProxy:
     """One listener on 127.0.0.1 for one browser context; ``on_block`` hears each refusal."""
 
-    def __init__(self, guard: Guard, on_block: Callable[[Decision], None]):
+    def __init__(self, guard: Guard | RefuseAll, on_block: Callable[[Decision], None]):
         self.guard = guard
         self.on_block = on_block
         self.server: asyncio.AbstractServer | None = None

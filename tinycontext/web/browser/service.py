@@ -31,7 +31,7 @@ from ...errors import InvalidInputError, TinyContextError
 from ...render import MIN_AGENT_TOKENS, to_json
 from ..guard import Decision, Guard
 from . import launch
-from .proxy import GuardProxy
+from .proxy import GuardProxy, RefuseAll
 from .snapshot import REF_RE, Node, assign_refs, build_tree, fit_lines, render, walk
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,9 @@ class BrowserService:
         self.thread.start()
         self._playwright = None
         self._browser = None
+        self._sink: GuardProxy | None = None
+        # The browser's own requests that its browser-wide proxy refused (none is expected; tests check).
+        self.background: list[str] = []
         self._browser_lock: asyncio.Lock | None = None
         self._slots: asyncio.Condition | None = None
         self._reaper: asyncio.Task | None = None
@@ -163,7 +166,9 @@ class BrowserService:
                 pass
         if self._playwright is not None:
             await self._playwright.stop()
-        self._browser = self._playwright = None
+        if self._sink is not None:
+            await self._sink.close()
+        self._browser = self._playwright = self._sink = None
 
     # -- browser and sessions -------------------------------------------------------------------
 
@@ -181,8 +186,13 @@ class BrowserService:
                     self._browser = await chromium.connect_over_cdp(self.config.browser_cdp_url,
                                                                     timeout=self.config.browser_timeout_seconds * 1000)
                 else:
+                    if self._sink is None:
+                        self._sink = GuardProxy(RefuseAll(), self._background)
+                        await self._sink.start()
+                    # Contexts get their own guarded proxies; everything else the browser sends goes here.
                     self._browser = await chromium.launch(
                         executable_path=str(launch.find_executable(self.config)), args=launch.LAUNCH_ARGS,
+                        proxy={"server": self._sink.url, "bypass": "<-loopback>"},
                         chromium_sandbox=launch.sandboxed(), timeout=self.config.browser_timeout_seconds * 1000)
             except TinyContextError:
                 raise
@@ -191,6 +201,11 @@ class BrowserService:
                 raise BrowserError(f"Cannot start the browser ({where}): {_first_line(exc)}. Run `tinycontext doctor`.") from exc
             self._browser.on("disconnected", self._browser_gone)
             return self._browser
+
+    def _background(self, decision: Decision) -> None:
+        if len(self.background) < MAX_EVENTS:
+            self.background.append(decision.url)
+        log.debug("refused the browser's own request to %s", decision.url)
 
     def _browser_gone(self, _browser=None) -> None:
         # Contexts die with the browser: forget them so the next call starts afresh.
