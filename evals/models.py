@@ -50,7 +50,8 @@ class EvalModel:
             fields |= {"embedding_backend": self.backend, "embedding_url": str(c.url),
                        "embedding_timeout_s": float(c.get("timeout_s") or 30.0),
                        "embedding_query_params": _plain(c.get("query_params")),
-                       "embedding_document_params": _plain(c.get("document_params"))}
+                       "embedding_document_params": _plain(c.get("document_params")),
+                       "embedding_min_dense": None if c.get("min_dense") is None else float(c.min_dense)}
         return fields
 
 

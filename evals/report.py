@@ -627,3 +627,23 @@ def compare(run_a: str, run_b: str, *, store_path: Path | None = None, metrics: 
     if not out:
         raise ConfigError(f"{name_a} and {name_b} share no scored query: compare runs on the same dataset.")
     return pd.DataFrame(out)
+
+
+def calibrate_floor(run_dir: Path, keep: float = 0.95) -> dict:
+    """A relevance floor for the run's embedding model, from its own data: the dense cosine below which
+    only ``1 - keep`` of the tuning split's queries have their best relevant document (the floor keeps
+    the rest reachable by dense search alone), and how many queries' best unrelated document it
+    stops. Set it as ``embedding_min_dense`` (a server), ``min_dense`` in a bundle's
+    model_config.json, or ``recall_min_dense``."""
+    _, per_query, records = load_results(Path(run_dir))
+    if "dense_relevant_max" not in per_query:
+        raise ConfigError(f"{run_dir} has no dense scores per query: run it again with this harness.")
+    tune = per_query[per_query["tune"].astype(bool)]
+    relevant, other = tune["dense_relevant_max"].dropna().to_numpy(float), tune["dense_other_max"].dropna().to_numpy(float)
+    if relevant.size == 0:
+        raise ConfigError(f"{run_dir}: no relevant document was in any dense candidate list; nothing to calibrate on.")
+    floor = float(np.quantile(relevant, 1 - keep))
+    return {"model": records[0]["row"]["model"], "min_dense": round(floor, 4), "keep": keep, "queries": int(relevant.size),
+            "relevant_best_median": float(np.median(relevant)), "other_best_median": float(np.median(other)) if other.size else None,
+            "other_best_below_floor": float((other < floor).mean()) if other.size else None,
+            "split": str(records[0]["row"]["tune_split"])}

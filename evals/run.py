@@ -6,6 +6,7 @@
   split, write context_config.json with the choice and its test score.
 - ``tinycontext-eval compare RUN_A RUN_B``: paired per-query differences with CIs (run dirs, store ids, or any
   TREC run file, scored on the other side's qrels).
+- ``tinycontext-eval calibrate-floor <run dir> [--keep 0.95]``: a relevance floor for the run's model.
 - ``tinycontext-eval ingest <sweep dir>``: append a sweep's results to the local results store.
 """
 
@@ -59,7 +60,7 @@ def main(cfg: DictConfig) -> float:
     return float(row["ndcg@10"])  # the value an optimizing sweeper (Optuna, Nevergrad) would maximise
 
 
-COMMANDS = ("report", "recommend", "compare", "ingest")
+COMMANDS = ("report", "recommend", "compare", "ingest", "calibrate-floor")
 
 
 def _default_store() -> Path:
@@ -86,6 +87,9 @@ def _commands(argv: list[str]) -> int:
     cmp.add_argument("run_a", help="a run directory (with per_query.csv) or a run id in the results store")
     cmp.add_argument("run_b")
     cmp.add_argument("--store", type=Path, default=None, help="results store for run ids (default: the harness default)")
+    cal = sub.add_parser("calibrate-floor", help="a relevance floor (min dense cosine) for a run's model, from its tuning split")
+    cal.add_argument("run_dir", type=Path)
+    cal.add_argument("--keep", type=float, default=0.95, help="share of queries whose best relevant document stays above it")
     ing = sub.add_parser("ingest", help="append a sweep's result.json files to the local results store")
     ing.add_argument("sweep_dir", type=Path)
     ing.add_argument("--store", type=Path, default=None)
@@ -93,6 +97,10 @@ def _commands(argv: list[str]) -> int:
     try:
         if args.command == "report":
             print(build_report(args.sweep_dir))
+        elif args.command == "calibrate-floor":
+            from .report import calibrate_floor
+
+            print(json.dumps(calibrate_floor(args.run_dir, args.keep), indent=2))
         elif args.command == "compare":
             table = compare(args.run_a, args.run_b, store_path=args.store or _default_store())
             print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))

@@ -251,10 +251,16 @@ def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, nai
         run[qid] = dict(rankings[qid])
         seen = [d for m in received for d in doc_ids[str(m["id"])]]
         top = [d for m in ranking[:10] for d in doc_ids[str(m["id"])]]
+        # The dense cosines of this query's relevant documents and of the best other one (calibrate-floor).
+        relevant = {d for d, g in dataset.qrels[qid].items() if g > 0}
+        dense = [(doc_ids[str(i)], score) for i, score in (signals.dense or ())] if signals is not None else []
+        dense_relevant = [score for ids, score in dense if relevant & set(ids)]
+        dense_other = next((score for ids, score in dense if not relevant & set(ids)), None)
         rows.append({"query_id": qid, "tune": qid in tune, "test": qid in test, "session": session,
                      **dataset.query_info.get(qid, {}),
                      "tokens_returned": tokens, "tokens_naive": naive[qid],
                      "memories_returned": len(received), "budget_recall": recall_within(seen, dataset.qrels[qid]),
+                     "dense_relevant_max": max(dense_relevant, default=None), "dense_other_max": dense_other,
                      "retrieved": ";".join(top), "received": ";".join(seen), "relevant": ";".join(d for d, g in dataset.qrels[qid].items() if g > 0)})
     quality = per_query_quality({q["query_id"]: dataset.qrels[q["query_id"]] for q in rows}, run)
     for row in rows:

@@ -261,3 +261,22 @@ def test_a_sweep_against_an_openai_compatible_server(real_embedder, tmp_path):
     assert record["row"]["model"] == "openai:minilm-test" and 0.5 < record["row"]["ndcg@10"] <= 1
     rows, _, _ = load_results(tmp_path / "remote")
     assert rows.iloc[0]["ndcg@10"] == record["row"]["ndcg@10"]
+
+
+def test_a_relevance_floor_per_model(job, tmp_path, real_embedder):
+    """calibrate-floor measures one on the run's own data; a model that states one uses it unless
+    recall_min_dense is set."""
+    from evals.report import calibrate_floor
+    from tinycontext import MemoryEngine, TinyContextConfig
+
+    root, _ = job
+    found = calibrate_floor(root / "job")
+    assert 0 < found["min_dense"] < found["relevant_best_median"] <= 1 and found["queries"] == 8
+    real_embedder.min_dense = 0.7
+    try:
+        with MemoryEngine(TinyContextConfig(memory_db_path=tmp_path / "a.db"), embedder=real_embedder) as engine:
+            assert engine.default_min_dense() == 0.7
+        with MemoryEngine(TinyContextConfig(memory_db_path=tmp_path / "b.db", recall_min_dense=0.3), embedder=real_embedder) as engine:
+            assert engine.default_min_dense() == 0.3  # set explicitly: the setting wins
+    finally:
+        real_embedder.min_dense = None

@@ -60,7 +60,7 @@ class RemoteEmbedder:
     def __init__(self, url: str, model: str, *, wire: Wire = "openai", api_key: str | None = None, timeout: float = 30.0,
                  concurrency: int = 4, batch_size: int = 32, retries: int = 3, backoff: float = 0.25,
                  query_prefix: str = "", document_prefix: str = "", dimensions: int | None = None,
-                 query_params: dict | None = None, document_params: dict | None = None):
+                 query_params: dict | None = None, document_params: dict | None = None, min_dense: float | None = None):
         try:
             import httpx
         except ImportError as exc:
@@ -72,6 +72,7 @@ class RemoteEmbedder:
         self.batch_size = max(1, int(batch_size))
         self.query_prefix, self.document_prefix = query_prefix, document_prefix
         self.query_params, self.document_params = _params(query_params, "query"), _params(document_params, "document")
+        self.min_dense = min_dense  # the relevance floor its model calls for (engine.default_min_dense)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=httpx.Timeout(self.timeout), headers=headers, follow_redirects=False)
         self._pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)), thread_name_prefix="tinycontext-embed")
@@ -91,7 +92,8 @@ class RemoteEmbedder:
                    concurrency=config.embedding_concurrency, batch_size=config.embedding_batch_size,
                    retries=config.embedding_retries, query_prefix=config.dense_query_prefix,
                    document_prefix=config.dense_document_prefix, dimensions=config.embedding_dimensions,
-                   query_params=config.embedding_query_params, document_params=config.embedding_document_params)
+                   query_params=config.embedding_query_params, document_params=config.embedding_document_params,
+                   min_dense=config.embedding_min_dense)
 
     @property
     def identity(self) -> dict:
