@@ -80,6 +80,13 @@ def _read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def _read_json(file: Path, what: str, hint: str):
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"Cannot read {what} file {file} ({exc}). Pass dataset.path=<{hint}>.", path=str(file)) from exc
+
+
 def _first_file(folder: Path, *names: str) -> Path:
     """The first of ``names`` that exists in ``folder`` (BEIR archives ship .jsonl, some mirrors .jsonl.gz)."""
     return next((folder / n for n in names if (folder / n).is_file()), folder / names[0])
@@ -209,10 +216,7 @@ def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: st
     if memory_format not in ("turns", "text"):
         raise ConfigError(f"dataset.memory_format must be turns or text, got {memory_format!r}.")
     file = Path(path).expanduser()
-    try:
-        samples = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"Cannot read LoCoMo file {file} ({exc}). Pass dataset.path=<locomo json>.", path=str(file)) from exc
+    samples = _read_json(file, "LoCoMo", "locomo json")
     wanted = {int(c) for c in categories}
     docs: list[Doc] = []
     queries: dict[str, str] = {}
@@ -268,10 +272,7 @@ def load_longmemeval(path: str | Path, granularity: Literal["turn", "session"] =
     if granularity not in ("turn", "session"):
         raise ConfigError(f"dataset.granularity must be turn or session, got {granularity!r}.")
     file = Path(path).expanduser()
-    try:
-        items = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"Cannot read LongMemEval file {file} ({exc}). Pass dataset.path=<longmemeval json>.", path=str(file)) from exc
+    items = _read_json(file, "LongMemEval", "longmemeval json")
     docs: list[Doc] = []
     queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
