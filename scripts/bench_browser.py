@@ -24,7 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from tinycontext import TinyContextConfig
-from tinycontext.budget import TokenCounter
+from tinycontext.budget.tokens import TokenCounter
 from tinycontext.web.browser import BrowserService
 
 SMALL_PAGE = """<!doctype html><html lang=en><head><title>Product</title></head><body><h1>Widget 3000</h1>

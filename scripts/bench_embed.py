@@ -9,14 +9,14 @@ text costs, and the matrix-multiply throughput the same core reaches on the mode
     python scripts/bench_embed.py --variants default,fp32 --lengths 16 128 --json /tmp/embed.json
 
 Variants (ONNX graphs of MiniLM-L6; the ones from ../shared are references, not shipped):
-  default   the engine's embedder as configured (tinycontext.embeddings.Embedder on the built-in model)
+  default   the engine's embedder as configured (tinycontext.models.embedder.Embedder on the built-in model)
   int8      the built-in wheel's graph (int8 weights dequantized at load), one ORT thread
   fp32      ../shared/models/minilm-l6-fp32 (hub export), one ORT thread
   qint8     ../shared/models/minilm-l6-qint8 (dynamic int8, vectors depend on the batch), one ORT thread
   int8-2t   the wheel's graph with two intra-op threads (what ORT does by default on 2 cores)
 
 Texts are exact token counts cut from SciFact abstracts, batched as the engine batches them
-(tinycontext.embeddings.MAX_BATCH_TOKENS padded tokens, at most 32 texts).
+(tinycontext.models.embedder.MAX_BATCH_TOKENS padded tokens, at most 32 texts).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import numpy as np
 import onnxruntime as ort
 from threadpoolctl import threadpool_limits
 
-from tinycontext.embeddings import MAX_BATCH_TOKENS, Embedder
-from tinycontext.model_hub import builtin_bundle
+from tinycontext.models.embedder import MAX_BATCH_TOKENS, Embedder
+from tinycontext.models.hub import builtin_bundle
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -30,10 +30,10 @@ from ir_measures import MRR, Qrel, R, ScoredDoc, nDCG
 
 import bench_locomo
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.embeddings import Embedder
-from tinycontext.engine import _content_hash
-from tinycontext.model_hub import resolve_model
-from tinycontext.store import now_iso
+from tinycontext.models.embedder import Embedder
+from tinycontext.memory.engine import _content_hash
+from tinycontext.models.hub import resolve_model
+from tinycontext.memory.store import now_iso
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

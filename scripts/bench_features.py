@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.embeddings import Embedder
-from tinycontext.model_hub import builtin_bundle
+from tinycontext.models.embedder import Embedder
+from tinycontext.models.hub import builtin_bundle
 
 _NUMBER = re.compile(r" \[\d+\]$")
 SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "scifact"
@@ -146,7 +146,7 @@ def bench_http(args) -> dict:
                "TINYCONTEXT_CONFIG_PATH": str(workdir / "none.json")}
         (workdir / "none.json").write_text("{}")
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "tinycontext.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "tinycontext.cli.commands", "serve", "--host", "127.0.0.1", "--port", str(port)],
                                 env=env, stderr=subprocess.DEVNULL)
         try:
             while True:

@@ -105,7 +105,7 @@ def part_ingest(work: Path, small: bool) -> dict:
     # What one turn costs the model: FLOPs at its token length (the ingest limit is the GEMM limit over these).
     from tokenizers import Tokenizer
 
-    from tinycontext.model_hub import builtin_bundle
+    from tinycontext.models.hub import builtin_bundle
 
     tok = Tokenizer.from_file(str(builtin_bundle().tokenizer_file))
     tok.no_padding()

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_engine  # noqa: E402
 import bench_locomo  # noqa: E402
 from tinycontext import MemoryEngine, TinyContextConfig  # noqa: E402
-from tinycontext.embeddings import Embedder  # noqa: E402
-from tinycontext.model_hub import resolve_model  # noqa: E402
+from tinycontext.models.embedder import Embedder  # noqa: E402
+from tinycontext.models.hub import resolve_model  # noqa: E402
 
 SESSION = "big"
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from web_evidence import PageServer, locomo_site  # noqa: E402
 from tinycontext import load_config  # noqa: E402
-from tinycontext.embedders import create_embedder  # noqa: E402
+from tinycontext.models.backends import create_embedder  # noqa: E402
 from tinycontext.web import ascrape_urls  # noqa: E402
 
 QUERIES = {"news": "How much will the tram line cost and who pays?", "docs": "How long does it wait between retries?",

@@ -1,6 +1,6 @@
 """Tune the relevance floor: tokens returned vs recall on LoCoMo dev and SciFact train.
 
-Two rules (tinycontext/retrieval.py): the floor (``recall_min_dense``) drops candidates with no
+Two rules (tinycontext/retrieval/fusion.py): the floor (``recall_min_dense``) drops candidates with no
 lexical match and a weak dense similarity; the score cliff (``recall_score_cliff``) ends the answer
 where every memory left is clearly weaker than the best ranked above it. Every question is recalled once per
 floor with the cliff off and every ranked candidate returned (top_k = recall_candidates); each cliff
@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 import bench_engine
 import bench_locomo
-from tinycontext.retrieval import cliff_cut
+from tinycontext.retrieval.fusion import cliff_cut
 
 FLOORS = (0.0, 0.3)
 CLIFFS = (0.0, 0.15, 0.2, 0.25, 0.3, 0.35)

@@ -40,14 +40,15 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from tinycontext import TinyContextConfig
-from tinycontext.budget import TokenCounter
-from tinycontext.store import sqlite_driver
-from tinycontext.retrieval import fts_query
+from tinycontext.budget.tokens import TokenCounter
+from tinycontext.sqlite import sqlite_driver
+from tinycontext.retrieval.fusion import fts_query
 from tinycontext.web.chunk import SENTENCE_END
 from tinycontext.web.extract import extract_page
 from tinycontext.web.fetch import HttpFetcher
 from tinycontext.web.present import scrape_page
-from tinycontext.web.scrape import ScrapeItem, afetch_and_rank, embedder_for
+from tinycontext.web.pages import ScrapeItem
+from tinycontext.web.scrape import afetch_and_rank, embedder_for
 
 from evals import run as _harness  # noqa: F401  (registers the ${tc_default:...} config resolver)
 from evals.datasets import locomo_turn_text

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.embeddings import Embedder
-from tinycontext.model_hub import builtin_bundle
+from tinycontext.models.embedder import Embedder
+from tinycontext.models.hub import builtin_bundle
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

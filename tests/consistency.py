@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from tinycontext.conversation import EMBEDDING_COLUMNS, stored_embedding_text
+from tinycontext.retrieval.conversation import EMBEDDING_COLUMNS, stored_embedding_text
 
 
 def assert_consistent(engine) -> dict[int, str]:

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tinycontext import InvalidInputError, SessionNotFoundError, TinyContextConfig
-from tinycontext.render import to_json
-from tinycontext.store import Store
+from tinycontext.budget.render import to_json
+from tinycontext.memory.store import Store
 
 
 def contents(page):
@@ -127,7 +127,7 @@ def test_migration_from_v2_keeps_every_memory(tmp_path):
 
 
 def test_cli_list_and_forget(env, capsys):
-    from tinycontext.cli import main
+    from tinycontext.cli.commands import main
 
     assert main(["save", "alpha one", "alpha two", "--tag", "a", "--session", "s1"]) == 0
     assert main(["save", "beta one", "--session", "s2"]) == 0
@@ -202,7 +202,7 @@ def test_expiry_survives_export_and_import(hash_engine, tmp_path):
 
     from conftest import HashEmbedder
     from tinycontext import MemoryEngine
-    from tinycontext.transfer import export_jsonl, import_jsonl
+    from tinycontext.memory.transfer import export_jsonl, import_jsonl
 
     later = hash_engine.save([{"content": "door code for tomorrow", "ttl_seconds": 3600}, {"content": "door is red"}])["ids"]
     expected = dict(hash_engine.store.read("SELECT content, expires_at FROM memories"))

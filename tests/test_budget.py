@@ -7,7 +7,7 @@ import os
 import pytest
 import tiktoken
 
-from tinycontext.budget import TokenCounter, fit_budget, get_encoding
+from tinycontext.budget.tokens import TokenCounter, fit_budget, get_encoding
 from tinycontext.errors import ConfigError
 
 

@@ -17,12 +17,12 @@ import pytest
 from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.cli import main
+from tinycontext.cli.commands import main
 
 
 def tc(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}
-    return subprocess.run([sys.executable, "-m", "tinycontext.cli", *args], input=stdin, capture_output=True, text=True, check=False,
+    return subprocess.run([sys.executable, "-m", "tinycontext.cli.commands", *args], input=stdin, capture_output=True, text=True, check=False,
                           env={**base, **env}, timeout=120)
 
 
@@ -196,7 +196,7 @@ def test_paths_and_permissions_fail_in_one_line(env, tmp_path):
 
     def in_locked(extra_env, *args):
         base = {k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}
-        return subprocess.run([*prefix, sys.executable, "-m", "tinycontext.cli", *args], capture_output=True, text=True, check=False,
+        return subprocess.run([*prefix, sys.executable, "-m", "tinycontext.cli.commands", *args], capture_output=True, text=True, check=False,
                               env={**base, **env, **extra_env}, timeout=120)
 
     line = one_line_error(in_locked({"TINYCONTEXT_MEMORY_DB_PATH": str(locked / "memory.db")}, "stats"), "storage_error")
@@ -255,9 +255,9 @@ def test_counts_are_in_the_right_number(env, capsys):
 def test_hundreds_of_notes_are_summarised(env, capsys, monkeypatch):
     """400 near-duplicates of a saved memory: five note lines and a count, ids as a range. The
     embedder is the hash stand-in (bag of words: one extra word in 34 keeps the cosine above 0.95)."""
-    import tinycontext.keyword
+    import tinycontext.models.backends
 
-    monkeypatch.setattr(tinycontext.keyword, "open_embedder", lambda config: (HashEmbedder(), None))
+    monkeypatch.setattr(tinycontext.models.backends, "open_embedder", lambda config: (HashEmbedder(), None))
     text = "the deploy key for the billing service rotates every ninety days and the new key goes into the vault " \
            "before anyone on the platform team may use it in production anywhere at all"
     assert run(capsys, "save", text)[0] == 0

@@ -1,5 +1,5 @@
 """Conversations: occurred_at / speaker / attachments / episodes through the public API, the v3
-migration, and the recall signals of tinycontext/conversation.py."""
+migration, and the recall signals of tinycontext/retrieval/conversation.py."""
 
 from __future__ import annotations
 
@@ -10,16 +10,20 @@ import pytest
 
 from conftest import HashEmbedder
 from tinycontext import InvalidInputError, MemoryEngine
-from tinycontext.conversation import (
+from tinycontext.retrieval.conversation import (
     date_words,
     embedding_text,
+    FUSION_FEATURES,
+    FUSION_WEIGHTS,
+    fusion_features,
+    learned_rerank,
     mentioned_speaker,
-    parse_occurred_at,
     rerank,
 )
-from tinycontext.engine import _content_hash
-from tinycontext.retrieval import Candidate
-from tinycontext.store import SCHEMA_VERSION, Store, now_iso
+from tinycontext.retrieval.filters import parse_occurred_at
+from tinycontext.memory.engine import _content_hash
+from tinycontext.retrieval.fusion import Candidate
+from tinycontext.memory.store import SCHEMA_VERSION, Store, now_iso
 
 CHAT_1 = [
     {"content": "I adopted a puppy last week, her name is Biscuit!", "speaker": "Ana", "occurred_at": "2023-05-08T13:56"},
@@ -173,9 +177,62 @@ def test_plain_memories_rank_as_before(config):
     with MemoryEngine(config, embedder=HashEmbedder()) as eng:
         eng.save(notes)
         on = eng.recall("deploy key rotation wiki")
-        off = eng.recall("deploy key rotation wiki", episode_weight=0.0, neighbour_weight=0.0, speaker_boost=0.0)
+        off = eng.recall("deploy key rotation wiki", fusion="rrf", episode_weight=0.0, neighbour_weight=0.0, speaker_boost=0.0)
     assert [m["id"] for m in on["memories"]] == [m["id"] for m in off["memories"]]
     assert [m["scores"] for m in on["memories"]] == [m["scores"] for m in off["memories"]]
+
+
+def _feature(rows, name):
+    return [row[FUSION_FEATURES.index(name)] for row in rows]
+
+
+def test_fusion_features_read_neighbours_episodes_and_speakers():
+    # Episode 10: turns 1-3; episode 20: turns 4-5. Candidates 2 and 4; 3 joins as 2's neighbour, and
+    # 1 (before 2) and 5 (after 4) too.
+    info = {1: (10, "Ana", 10), 2: (10, "Ben", 30), 3: (10, "Ana", 5), 4: (20, "Ana", 20), 5: (20, "Ben", 8)}
+    ranked = [Candidate(2, bm25_rank=1, bm25=4.0, dense_rank=2, dense=0.5, rrf=0.09),
+              Candidate(4, bm25_rank=2, bm25=2.0, dense_rank=1, dense=0.7, rrf=0.08)]
+    dense = [(4, 0.7), (2, 0.5), (9, 0.2)]
+    pool, rows = fusion_features(ranked, info, query="What did Ana bake?", episode_hits=[(20, 6.0), (10, 3.0)],
+                                 dense_hits=dense, expand=True)
+    assert [c.id for c in pool] == [2, 4, 1, 3, 5] and all(len(row) == len(FUSION_FEATURES) == len(FUSION_WEIGHTS) for row in rows)
+    assert _feature(rows, "bm25_share") == [1.0, 0.5, 0.0, 0.0, 0.0]
+    assert _feature(rows, "dense_gap") == pytest.approx([-0.2, 0.0, -0.5, -0.5, -0.5])  # outside the list: the last hit's
+    assert _feature(rows, "rrf") == [0.09, 0.08, 0.0, 0.0, 0.0]
+    assert _feature(rows, "episode_bm25_share") == [0.5, 1.0, 0.5, 0.5, 1.0]
+    assert _feature(rows, "episode_dense_gap") == pytest.approx([-0.2, 0.0, -0.2, -0.2, 0.0])
+    assert _feature(rows, "prev_rrf") == [0.0, 0.0, 0.0, 0.09, 0.08]  # 4 starts episode 20: turn 3 is another episode's
+    assert _feature(rows, "next_rrf") == [0.0, 0.0, 0.09, 0.0, 0.0]
+    assert _feature(rows, "speaker_named") == [0.0, 1.0, 1.0, 1.0, 0.0]
+    assert _feature(rows, "other_speaker") == [1.0, 0.0, 0.0, 0.0, 1.0]
+    # Without expand only the candidates are scored; their neighbours still inform the features.
+    pool, rows = fusion_features(ranked, info, query="q", episode_hits=[], dense_hits=dense)
+    assert [c.id for c in pool] == [2, 4] and _feature(rows, "speaker_named") == [0.0, 0.0]
+
+
+def test_learned_rerank_orders_by_the_weights_and_composes():
+    info = {1: (10, "Ana", 40), 2: (10, "Ben", 40), 3: (20, "Ben", 40)}
+    ranked = [Candidate(1, bm25_rank=1, bm25=3.0, dense_rank=2, dense=0.4, rrf=0.1),
+              Candidate(3, bm25_rank=2, bm25=1.0, dense_rank=1, dense=0.6, rrf=0.09)]
+    args = dict(query="q", episode_hits=[], dense_hits=[(3, 0.6), (1, 0.4)])
+    only_bm25 = [1.0 if name == "bm25_share" else 0.0 for name in FUSION_FEATURES]
+    only_dense = [1.0 if name == "dense_gap" else 0.0 for name in FUSION_FEATURES]
+    assert [c.id for c in learned_rerank(ranked, info, weights=only_bm25, **args)] == [1, 3]
+    out = learned_rerank(ranked, info, weights=only_dense, expand=True, **args)
+    assert [c.id for c in out] == [3, 1, 2]  # 2 joins after 1 (its dense gap is the last hit's, tied with 1's)
+    assert out[0].rrf == 1.0 and out[0].rrf > out[1].rrf >= out[2].rrf > 0
+    # Keyword-only (no dense hits): the features are undefined, the fused order stays.
+    assert learned_rerank(ranked, info, query="q", episode_hits=[], dense_hits=[]) is ranked
+
+
+def test_fusion_setting(hash_engine):
+    ids = hash_engine.save(CHAT_1 + CHAT_2[:1], session_id="chat")["ids"]
+    learned = hash_engine.recall("puppy beagle park", session_id="chat", score_cliff=0.0)
+    rrf = hash_engine.recall("puppy beagle park", session_id="chat", score_cliff=0.0, fusion="rrf")
+    assert sorted(m["id"] for m in learned["memories"]) == sorted(ids) == sorted(m["id"] for m in rrf["memories"])
+    assert learned["memories"][0]["scores"]["rrf"] == 1.0 != rrf["memories"][0]["scores"]["rrf"]
+    with pytest.raises(InvalidInputError, match="fusion"):
+        hash_engine.recall("dog", fusion="boosted")
 
 
 def test_recall_knobs_are_checked(hash_engine):
@@ -194,8 +251,8 @@ def test_episode_lifts_the_answer_turn_real_model(engine):
     question = "What breed is Ana's puppy Biscuit?"
     top = [m["content"] for m in engine.recall(question, session_id="chat", top_k=3, score_cliff=0.0)["memories"]]
     assert "A beagle, she loves the park." in top
-    without = [m["content"] for m in engine.recall(question, session_id="chat", top_k=3, score_cliff=0.0, episode_weight=0.0,
-                                                    neighbour_weight=0.0, speaker_boost=0.0)["memories"]]
+    without = [m["content"] for m in engine.recall(question, session_id="chat", top_k=3, score_cliff=0.0, fusion="rrf",
+                                                    episode_weight=0.0, neighbour_weight=0.0, speaker_boost=0.0)["memories"]]
     assert top.index("A beagle, she loves the park.") <= (without.index("A beagle, she loves the park.") if "A beagle, she loves the park." in without else 3)
 
 
@@ -261,7 +318,7 @@ def test_mcp_save_and_recall_a_conversation(tmp_path):
 
 
 def test_cli_save_turn_flags(env, capsys):
-    from tinycontext.cli import main
+    from tinycontext.cli.commands import main
 
     assert main(["save", "I moved to Lisbon.", "--speaker", "Ana", "--occurred-at", "2024-03-01", "--episode", "t1",
                  "--attachment", "a photo of a tram", "--session", "chat"]) == 0
@@ -278,7 +335,7 @@ def test_cli_save_turn_flags(env, capsys):
 
 def test_export_import_keeps_turn_fields(tmp_path):
     from tinycontext import TinyContextConfig
-    from tinycontext.transfer import import_jsonl, iter_export
+    from tinycontext.memory.transfer import import_jsonl, iter_export
 
     source = TinyContextConfig(memory_db_path=tmp_path / "a.db", models_dir=tmp_path / "models")
     target = TinyContextConfig(memory_db_path=tmp_path / "b.db", models_dir=tmp_path / "models")

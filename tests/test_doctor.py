@@ -15,14 +15,15 @@ import sqlite_vec
 from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.doctor import render, run_checks
-from tinycontext.model_hub import BUILTIN_NAME, BUILTIN_SHA256, MANIFEST
-from tinycontext.store import SCHEMA_VERSION, sqlite_driver
+from tinycontext.cli.doctor import render, run_checks
+from tinycontext.models.hub import BUILTIN_NAME, BUILTIN_SHA256, MANIFEST
+from tinycontext.memory.store import SCHEMA_VERSION
+from tinycontext.sqlite import sqlite_driver
 
 
 def doctor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}
-    return subprocess.run([sys.executable, "-m", "tinycontext.cli", "doctor", *args], capture_output=True, text=True, check=False,
+    return subprocess.run([sys.executable, "-m", "tinycontext.cli.commands", "doctor", *args], capture_output=True, text=True, check=False,
                           env={**base, **env}, timeout=120)
 
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from tinycontext.embeddings import Embedder
+from tinycontext.models.embedder import Embedder
 from tinycontext.errors import ModelUnavailableError
-from tinycontext.model_hub import BUILTIN_REVISION, BUILTIN_SHA256, builtin_bundle, resolve_model
+from tinycontext.models.hub import BUILTIN_REVISION, BUILTIN_SHA256, builtin_bundle, resolve_model
 
 SENTENCES = [
     "The cat sat on the mat.",
@@ -72,8 +72,8 @@ def refuse(event, args):
         raise RuntimeError(f"network used: {event} {args}")
 
 sys.addaudithook(refuse)
-from tinycontext.embeddings import Embedder
-from tinycontext.model_hub import resolve_model
+from tinycontext.models.embedder import Embedder
+from tinycontext.models.hub import resolve_model
 vector = Embedder(resolve_model("fast", Path(sys.argv[1]))).embed_query(sys.argv[2])
 print(json.dumps(vector.tolist()))
 """

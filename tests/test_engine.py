@@ -21,8 +21,8 @@ from tinycontext import (
     save_memories,
     update_memory,
 )
-from tinycontext.retrieval import fts_query
-from tinycontext.store import SCHEMA_VERSION
+from tinycontext.retrieval.fusion import fts_query
+from tinycontext.memory.store import SCHEMA_VERSION
 
 FACTS = [
     "The deploy script lives in ops/deploy.sh and needs the staging token.",

@@ -28,10 +28,10 @@ def private_uses(source: str) -> list[str]:
 
 
 def test_the_checker_catches_private_imports():
-    assert private_uses("from tinycontext.embeddings import Embedder") == ["from tinycontext.embeddings import ..."]
+    assert private_uses("from tinycontext.models.embedder import Embedder") == ["from tinycontext.models.embedder import ..."]
     assert private_uses("from tinycontext import _private") == ["tinycontext._private"]
-    assert private_uses("import tinycontext.store") == ["tinycontext.store"]
-    assert private_uses("import tinycontext\ntinycontext.engine._QUERY_POOL") == ["tinycontext.engine"]
+    assert private_uses("import tinycontext.memory.store") == ["tinycontext.memory.store"]
+    assert private_uses("import tinycontext\ntinycontext.memory.engine._QUERY_POOL") == ["tinycontext.memory"]
     assert private_uses("from tinycontext import MemoryEngine, Embedder\nimport tinycontext") == []
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.errors import ModelUnavailableError
-from tinycontext.model_hub import MANIFEST
+from tinycontext.models.hub import MANIFEST
 from tinycontext.servers.fastapi_server import create_app
 from tinycontext.servers.http import ServeSettings, background
 from conftest import suite_embedder

@@ -9,7 +9,7 @@ import pytest
 from conftest import HashEmbedder
 
 from tinycontext import InvalidInputError, MemoryEngine
-from tinycontext.filters import parse_filters
+from tinycontext.retrieval.filters import parse_filters
 
 WEIGHTS = (0.0, 0.5, 1.0)
 
@@ -172,7 +172,7 @@ def test_selective_filter_on_50k_finds_matches_beyond_the_unfiltered_candidates(
 
 
 def test_cli_filter_flags(env, capsys):
-    from tinycontext.cli import main
+    from tinycontext.cli.commands import main
 
     assert main(["save", "deploy notes for the api", "--tag", "ops", "--tag", "api", "--metadata", '{"source": "chat", "n": 2}']) == 0
     assert main(["save", "deploy notes for the web", "--tag", "ops", "--metadata", '{"source": "web"}']) == 0

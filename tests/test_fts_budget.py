@@ -1,4 +1,4 @@
-"""Bounded BM25 work (tinycontext/fts_budget.py): the commonest query words are dropped only when
+"""Bounded BM25 work (tinycontext/retrieval/bounded_bm25.py): the commonest query words are dropped only when
 the rows to score exceed the budget; otherwise the query is fts_query's."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.fts_budget import bounded_match
-from tinycontext.retrieval import fts_query
+from tinycontext.retrieval.bounded_bm25 import bounded_match
+from tinycontext.retrieval.fusion import fts_query
 
 
 def _engine(tmp_path, budget: int) -> MemoryEngine:

@@ -101,6 +101,6 @@ def test_cli_serve_refuses_open_bind_without_token(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TINYCONTEXT_API_TOKEN"}
     env.update(MCP_HOST="0.0.0.0", TINYCONTEXT_MEMORY_DB_PATH=str(tmp_path / "x.db"))
     for extra in ([], ["--rest"]):
-        done = subprocess.run([sys.executable, "-m", "tinycontext.cli", "serve", *extra], env=env, capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-m", "tinycontext.cli.commands", "serve", *extra], env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 1 and done.stderr.startswith("config_error: Refusing to listen on 0.0.0.0")
     assert not (tmp_path / "x.db").exists()

@@ -11,8 +11,8 @@ from conftest import HashEmbedder
 from consistency import assert_consistent
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.store import MIGRATIONS, SCHEMA_VERSION, Store, now_iso
-from tinycontext.transfer import export_jsonl, import_jsonl
+from tinycontext.memory.store import MIGRATIONS, SCHEMA_VERSION, Store, now_iso
+from tinycontext.memory.transfer import export_jsonl, import_jsonl
 
 V2_ROWS = {1: ("work", "Rotate the deploy key monthly.", ["ops", "security"]), 2: ("work", "Standup is at 09:30.", ["meetings"]),
            5: ("home", "Water the ficus on Sundays.", []), 9: ("home", "The cat is called Miso.", ["pets"])}

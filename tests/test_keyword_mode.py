@@ -65,8 +65,8 @@ def test_vectors_are_back_filled_when_a_model_appears(kconfig):
 
 
 def test_doctor_cli_and_mcp_say_keyword_only(env, capsys, monkeypatch):
-    from tinycontext.cli import main
-    from tinycontext.doctor import run_checks
+    from tinycontext.cli.commands import main
+    from tinycontext.cli.doctor import run_checks
 
     monkeypatch.setenv("TINYCONTEXT_EMBEDDING_BACKEND", "none")
     assert main(["save", "Standups are at 9:30"]) == 0
@@ -101,7 +101,7 @@ def test_doctor_cli_and_mcp_say_keyword_only(env, capsys, monkeypatch):
 
 
 def test_doctor_flags_memories_without_vectors(tmp_path, monkeypatch):
-    from tinycontext.doctor import run_checks
+    from tinycontext.cli.doctor import run_checks
 
     config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models")
     with MemoryEngine(config.model_copy(update={"embedding_backend": "none"})) as engine:

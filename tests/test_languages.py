@@ -10,8 +10,8 @@ import pytest
 from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.conversation import episode_bm25
-from tinycontext.language import current_tokenizer, set_tokenizer, trigram_query
+from tinycontext.retrieval.conversation import episode_bm25
+from tinycontext.retrieval.language import current_tokenizer, set_tokenizer, trigram_query
 
 # (memory, query): each query must find its memory first by keywords alone (shared with scripts/bench_features.py).
 _DATA = json.loads((Path(__file__).parent / "fixtures" / "multilingual.json").read_text(encoding="utf-8"))
@@ -110,7 +110,7 @@ def test_trigram_query_is_never_fts_syntax():
 
 
 def test_cli_with_trigram(env, capsys, monkeypatch):
-    from tinycontext.cli import main
+    from tinycontext.cli.commands import main
 
     monkeypatch.setenv("TINYCONTEXT_FTS_TOKENIZER", "trigram")
     assert main(["save", "我喜欢喝茶", "I like coffee"]) == 0
@@ -132,8 +132,8 @@ def test_multilingual_model_downloads_pinned_with_its_prefixes(shared_dir, tmp_p
     serves MiniLM files under that repo: this checks download and wiring, not multilingual quality."""
     from fake_hub import FakeHub
 
-    from tinycontext.embeddings import Embedder
-    from tinycontext.model_hub import REGISTRY, resolve_model
+    from tinycontext.models.embedder import Embedder
+    from tinycontext.models.hub import REGISTRY, resolve_model
 
     entry = REGISTRY["multilingual-e5-small"]
     model = shared_dir / "models" / "minilm-l6-int8"

@@ -12,8 +12,8 @@ from conftest import HashEmbedder
 from mcp.shared.memory import create_connected_server_and_client_session
 
 from tinycontext import MemoryEngine, ModelMismatchError, ModelUnavailableError, TinyContextConfig, close_engines
-from tinycontext import embedders
-from tinycontext.cli import main
+from tinycontext.models import backends as embedders
+from tinycontext.cli.commands import main
 from tinycontext.servers.fastapi_server import create_app
 from tinycontext.servers.http import ServeSettings, background
 from tinycontext.servers.mcp_server import build_server

@@ -19,7 +19,7 @@ from mcp.server.fastmcp.exceptions import ToolError
 from tinycontext import TinyContextConfig
 from tinycontext.servers.mcp_server import build_server
 
-SERVER = [sys.executable, "-m", "tinycontext.cli", "mcp"]
+SERVER = [sys.executable, "-m", "tinycontext.cli.commands", "mcp"]
 TOOLS = {"save_memories", "recall_memories", "update_memory", "delete_memory", "get_memory", "list_memories", "list_sessions",
          "delete_memories",
          "search", "scrape_urls", "current_datetime"}
@@ -201,7 +201,7 @@ def test_stdout_carries_only_protocol(tmp_path):
 
 NOISY_SERVER = """
 import os
-from tinycontext.cli import _serve_stdio
+from tinycontext.cli.commands import _serve_stdio
 from tinycontext.servers.mcp_server import build_server
 
 server = build_server()

@@ -104,7 +104,7 @@ def test_mcp_inspector_cli_lists_the_tools(tmp_path):
     """The official MCP Inspector (npm @modelcontextprotocol/inspector) in CLI mode against `tinycontext mcp`."""
     (tmp_path / "config.json").write_text(json.dumps({"memory_db_path": str(tmp_path / "m.db"), "models_dir": str(tmp_path / "models")}))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}, "TINYCONTEXT_CONFIG_PATH": str(tmp_path / "config.json")}
-    base = [str(INSPECTOR), "--cli", sys.executable, "-m", "tinycontext.cli", "mcp"]
+    base = [str(INSPECTOR), "--cli", sys.executable, "-m", "tinycontext.cli.commands", "mcp"]
     listed = subprocess.run([*base, "--method", "tools/list"], capture_output=True, text=True, env=env, timeout=300)
     assert listed.returncode == 0, listed.stderr[-2000:]
     tools = {t["name"]: t for t in json.loads(listed.stdout)["tools"]}

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from fake_hub import FakeHub
-from tinycontext import model_hub
-from tinycontext.embeddings import Embedder
+from tinycontext.models import hub as model_hub
+from tinycontext.models.embedder import Embedder
 from tinycontext.errors import ModelUnavailableError
-from tinycontext.model_hub import MANIFEST, RegistryEntry, local_bundle, resolve_model
+from tinycontext.models.hub import MANIFEST, RegistryEntry, local_bundle, resolve_model
 
 C1 = "1" * 40
 C2 = "2" * 40
@@ -230,7 +230,7 @@ RESOLVE_SCRIPT = """
 import json, sys
 from pathlib import Path
 import filelock, huggingface_hub  # imported before "ready", so the resolve below starts at once
-from tinycontext.model_hub import resolve_model
+from tinycontext.models.hub import resolve_model
 print("ready", flush=True)
 b = resolve_model(sys.argv[1], Path(sys.argv[2]), endpoint=sys.argv[3] if len(sys.argv) > 3 else None)
 print(json.dumps({"sha256": b.sha256, "revision": b.revision, "model_file": str(b.model_file)}))

@@ -4,7 +4,7 @@ still finds its memory, and the floor is reported (real MiniLM model: the simila
 from __future__ import annotations
 
 from tinycontext import TinyContextConfig
-from tinycontext.retrieval import Candidate, cliff_cut, relevance_floor
+from tinycontext.retrieval.fusion import Candidate, cliff_cut, relevance_floor
 
 FACTS = ["The user prefers pnpm over npm.", "Production deploys go to Fly.io from main.", "Standup is at 09:30 on weekdays.",
          "The cat is called Miso.", "Billing uses PostgreSQL 16.", "Alice reviews all database migrations.",

@@ -11,8 +11,8 @@ from conftest import HashEmbedder
 from fake_embed_server import embed_server
 
 from tinycontext import ConfigError, MemoryEngine, ModelMismatchError, ModelUnavailableError, TinyContextConfig
-from tinycontext.embedders import backends, create_embedder, register_backend
-from tinycontext.embedders.remote import RemoteEmbedder, endpoint
+from tinycontext.models.backends import backends, create_embedder, register_backend
+from tinycontext.models.remote import RemoteEmbedder, endpoint
 
 
 @pytest.fixture
@@ -125,7 +125,7 @@ def test_third_backend_needs_no_engine_change(tmp_path, monkeypatch):
         def load(self):
             return lambda config: HashEmbedder(dimensions=16, model="entry")
 
-    import tinycontext.embedders as registry
+    import tinycontext.models.backends as registry
 
     monkeypatch.setattr(registry, "entry_points", lambda group: [EntryPoint()] if group == registry.ENTRY_POINT_GROUP else [])
     assert "from-entry-point" in backends()

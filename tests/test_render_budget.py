@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from mcp.shared.memory import create_connected_server_and_client_session
 
 from tinycontext import TinyContextConfig, close_engines
-from tinycontext.budget import TokenCounter
-from tinycontext.cli import main
-from tinycontext.render import MIN_AGENT_TOKENS, fit_page, recall_page, to_json
+from tinycontext.budget.tokens import TokenCounter
+from tinycontext.cli.commands import main
+from tinycontext.budget.render import MIN_AGENT_TOKENS, fit_page, recall_page, to_json
 from tinycontext.servers.fastapi_server import create_app
 from tinycontext.servers.http import ServeSettings, background
 from tinycontext.servers.mcp_server import build_server

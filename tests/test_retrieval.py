@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from tinycontext.retrieval import MAX_QUERY_TERMS, fts_query, fuse
-from tinycontext.store import sqlite_driver
+from tinycontext.retrieval.fusion import MAX_QUERY_TERMS, fts_query, fuse
+from tinycontext.sqlite import sqlite_driver
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ def free_port() -> int:
 
 def start_server(env: dict, *args: str, port: int) -> subprocess.Popen:
     full = {**os.environ, **env, "MCP_HOST": "127.0.0.1", "MCP_PORT": str(port), "TINYCONTEXT_API_TOKEN": TOKEN}
-    return subprocess.Popen([sys.executable, "-m", "tinycontext.cli", "serve", *args], env=full,
+    return subprocess.Popen([sys.executable, "-m", "tinycontext.cli.commands", "serve", *args], env=full,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -118,7 +118,7 @@ def test_sigterm_during_a_burst_keeps_every_acknowledged_save_and_checkpoints(en
 def test_open_bind_without_token_says_how_to_fix_it(env):
     full = {k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_API_TOKEN")}
     full.update(env, MCP_HOST="0.0.0.0", MCP_PORT=str(free_port()))
-    done = subprocess.run([sys.executable, "-m", "tinycontext.cli", "serve"], env=full, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "tinycontext.cli.commands", "serve"], env=full, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.startswith("config_error: Refusing to listen on 0.0.0.0 without authentication")
     assert "TINYCONTEXT_API_TOKEN " in done.stderr and "TINYCONTEXT_API_TOKEN_FILE" in done.stderr

@@ -13,8 +13,8 @@ import pytest
 from conftest import HashEmbedder
 
 from tinycontext import InvalidInputError, MemoryEngine, TinyContextConfig
-from tinycontext.cli import main
-from tinycontext.model_hub import file_sha256
+from tinycontext.cli.commands import main
+from tinycontext.models.checksum import file_sha256
 from tinycontext.servers.fastapi_server import create_app
 from tinycontext.servers.http import ServeSettings, background
 

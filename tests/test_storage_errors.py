@@ -13,7 +13,7 @@ from conftest import HashEmbedder
 from consistency import assert_consistent
 
 from tinycontext import MemoryEngine, StorageError, TinyContextConfig
-from tinycontext.cli import main
+from tinycontext.cli.commands import main
 from tinycontext.servers.fastapi_server import create_app
 from tinycontext.servers.http import ServeSettings, background
 
@@ -81,7 +81,7 @@ def test_read_only_database_is_storage_error(hash_engine, config):
     try:
         with pytest.raises(hash_engine.store.driver.OperationalError) as raw:
             ro.execute("DELETE FROM sessions")
-        from tinycontext.store import storage_error
+        from tinycontext.memory.store import storage_error
 
         assert "read-only" in storage_error(raw.value, config.memory_db_path).message
     finally:

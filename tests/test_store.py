@@ -12,8 +12,8 @@ import pytest
 
 from conftest import HashEmbedder
 from tinycontext import MemoryEngine, ModelMismatchError, StorageError, TinyContextConfig
-from tinycontext.engine import _content_hash
-from tinycontext.store import BUSY_TIMEOUT_MS, SCHEMA_VERSION, Store, now_iso
+from tinycontext.memory.engine import _content_hash
+from tinycontext.memory.store import BUSY_TIMEOUT_MS, SCHEMA_VERSION, Store, now_iso
 
 
 def pragma(store: Store, name: str):

@@ -18,7 +18,7 @@ from consistency import assert_consistent
 
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.errors import InvalidInputError
-from tinycontext.transfer import CHUNK, backup, export_jsonl, import_file, import_jsonl
+from tinycontext.memory.transfer import CHUNK, backup, export_jsonl, import_file, import_jsonl
 
 LEGACY_SCHEMA = """
 CREATE TABLE memories (
@@ -171,7 +171,7 @@ def test_backup_is_a_consistent_standalone_copy(tmp_path, source):
 def test_cli_export_import_backup(tmp_path, source):
     env_source = {"TINYCONTEXT_MEMORY_DB_PATH": str(source.store.path)}
     def run(*args, env, **kwargs):
-        return subprocess.run([sys.executable, "-m", "tinycontext.cli", *args], env={**os.environ, **env},
+        return subprocess.run([sys.executable, "-m", "tinycontext.cli.commands", *args], env={**os.environ, **env},
                               capture_output=True, text=True, timeout=120, **kwargs)
 
     exported = run("export", "--no-vectors", env=env_source)
@@ -203,7 +203,7 @@ def test_keyword_only_import_from_the_cli(tmp_path, source):
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}, "TINYCONTEXT_EMBEDDING_BACKEND": "none",
            "TINYCONTEXT_MEMORY_DB_PATH": str(tmp_path / "kw.db"), "TINYCONTEXT_MODELS_DIR": str(tmp_path / "models")}
     for _ in range(2):  # a second run finds everything present
-        done = subprocess.run([sys.executable, "-m", "tinycontext.cli", "import", str(export), "--json"], env=env,
+        done = subprocess.run([sys.executable, "-m", "tinycontext.cli.commands", "import", str(export), "--json"], env=env,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert json.loads(done.stdout)["skipped"] == 2
@@ -266,7 +266,7 @@ def test_bad_header_and_session_records(tmp_path, record, match):
 
 def test_an_import_is_one_transaction(tmp_path, source, monkeypatch):
     """A failure while writing (here: the third write batch) rolls back the batches written before it."""
-    import tinycontext.transfer as transfer
+    import tinycontext.memory.transfer as transfer
 
     lines = [HEADER, *(_good(i) for i in range(1, 3 * CHUNK))]
     calls = []

@@ -1,4 +1,4 @@
-"""The in-RAM vector copy (tinycontext/vector_index.py): same dense results as sqlite-vec, kept
+"""The in-RAM vector copy (tinycontext/memory/vector_index.py): same dense results as sqlite-vec, kept
 exact under the engine's own writes, other connections' and processes' writes, imports, reindex."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from conftest import REPO, HashEmbedder
 
-from tinycontext import MemoryEngine, TinyContextConfig, vector_index
-from tinycontext.transfer import export_jsonl, import_jsonl
+from tinycontext import MemoryEngine, TinyContextConfig
+from tinycontext.memory import vector_index
+from tinycontext.memory.transfer import export_jsonl, import_jsonl
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike",
          "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor", "whiskey", "xray", "yankee", "zulu"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tinycontext.budget import TokenCounter
+from tinycontext.budget.tokens import TokenCounter
 from tinycontext.web.chunk import chunk_markdown
 from tinycontext.web.extract import extract_html
 

@@ -13,9 +13,9 @@ import pytest
 from conftest import HashEmbedder
 from netguard import LocalServer, loopback_only, redirect, send  # noqa: F401  (fixture)
 from tinycontext import TinyContextConfig
-from tinycontext.budget import TokenCounter
+from tinycontext.budget.tokens import TokenCounter
 from tinycontext.errors import InvalidInputError, RecallBudgetError
-from tinycontext.render import to_json
+from tinycontext.budget.render import to_json
 from tinycontext.web import guard as guard_mod
 from tinycontext.web.extract import decode_body
 from tinycontext.web.guard import classify

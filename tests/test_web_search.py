@@ -10,9 +10,9 @@ import pytest
 
 from netguard import LocalServer, loopback_only, send  # noqa: F401  (fixture)
 from tinycontext import TinyContextConfig
-from tinycontext.budget import TokenCounter
+from tinycontext.budget.tokens import TokenCounter
 from tinycontext.errors import InvalidInputError
-from tinycontext.render import to_json
+from tinycontext.budget.render import to_json
 from tinycontext.web import search
 
 RESULTS = [

@@ -20,9 +20,9 @@ from netguard import LocalServer, loopback_only, send  # noqa: F401  (fixture)
 from test_web_scrape import ARTICLE, html
 from test_web_search import FakeSearx, no_real_ddgs  # noqa: F401  (autouse fixture)
 from tinycontext import TinyContextConfig
-from tinycontext.budget import TokenCounter
-from tinycontext.cli import main
-from tinycontext.render import to_json
+from tinycontext.budget.tokens import TokenCounter
+from tinycontext.cli.commands import main
+from tinycontext.budget.render import to_json
 from tinycontext.servers.fastapi_server import create_app
 from tinycontext.servers.mcp_server import build_server
 
@@ -127,7 +127,7 @@ def test_stdio_server_reads_allow_private_hosts_from_the_environment(tmp_path, s
     env = {**base, "TINYCONTEXT_CONFIG_PATH": str(tmp_path / "config.json"), "TINYCONTEXT_MEMORY_DB_PATH": str(tmp_path / "m.db")}
 
     async def call(extra: dict) -> dict:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "tinycontext.cli", "mcp"], env={**env, **extra})
+        params = StdioServerParameters(command=sys.executable, args=["-m", "tinycontext.cli.commands", "mcp"], env={**env, **extra})
         with anyio.fail_after(120):
             async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
                 await session.initialize()
@@ -145,7 +145,7 @@ def test_stdio_server_reads_allow_private_hosts_from_the_environment(tmp_path, s
 def test_servers_load_one_model_for_memory_and_web(loopback_only, tmp_path, site, monkeypatch):
     """scrape_urls ranks with the memory engine's embedder (same model): the model is loaded once."""
     from conftest import HashEmbedder
-    from tinycontext import embedders
+    from tinycontext.models import backends as embedders
     from tinycontext import close_engines
 
     loads = []

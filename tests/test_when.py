@@ -1,4 +1,4 @@
-"""Time a question names (tinycontext/when.py) and the recall boost it drives (recall_time_boost)."""
+"""Time a question names (tinycontext/retrieval/time_windows.py) and the recall boost it drives (recall_time_boost)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.retrieval import Candidate
-from tinycontext.when import TimeWindow, boost, question_windows
+from tinycontext.retrieval.fusion import Candidate
+from tinycontext.retrieval.time_windows import TimeWindow, boost, question_windows
 
 NOW = datetime(2023, 10, 20, 15, 0)  # a Friday
 
@@ -72,15 +72,17 @@ def test_recall_time_boost(tmp_path):
                                    {"content": "we decided to use sqlite", "speaker": "Ben", "occurred_at": yesterday}])["ids"]
         plain = engine.save(["we decided the deploy day"], session_id="notes")["ids"][0]  # saved now: no occurred_at
 
+        # Weighted RRF fusion: the learned one already puts the second turn first (it answers the first).
         def order(query, **kwargs):
-            return [m["id"] for m in engine.recall(query, session_id="default", score_cliff=0.0, **kwargs)["memories"]]
+            return [m["id"] for m in engine.recall(query, session_id="default", score_cliff=0.0, fusion="rrf", **kwargs)["memories"]]
 
         assert order("what did we decide yesterday") == [old, recent]  # off by default: BM25 has no word for it
         assert order("what did we decide yesterday", time_boost=1.0) == [recent, old]
         assert order("what did we decide in January 2020", time_boost=1.0) == [old, recent]
         # A memory without occurred_at is dated by when it was saved.
         assert engine.recall("what did we decide today", session_id="notes", time_boost=1.0)["memories"][0]["id"] == plain
-    with MemoryEngine(TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", recall_time_boost=1.0),
+    with MemoryEngine(TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", recall_time_boost=1.0,
+                                         recall_fusion="rrf"),
                       embedder=HashEmbedder()) as engine:
         assert [m["id"] for m in engine.recall("what did we decide yesterday", session_id="default")["memories"]] == [recent, old]
         assert engine.recall_rendered("what did we decide yesterday", session_id="default", time_boost=0.0).structured[

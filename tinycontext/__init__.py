@@ -1,9 +1,9 @@
 """TinyContext: token-light local memory for AI agents (SQLite FTS5 + sqlite-vec, fused by RRF)."""
 
 from .config import TinyContextConfig, load_config
-from .embedders import create_embedder
-from .embeddings import Embedder
-from .engine import (
+from .models.backends import create_embedder
+from .models.embedder import Embedder
+from .memory.engine import (
     MemoryEngine,
     MemoryInput,
     StoredMemory,
@@ -28,8 +28,8 @@ from .errors import (
     StorageError,
     TinyContextError,
 )
-from .model_hub import resolve_model
-from .retrieval import Signals
+from .models.hub import resolve_model
+from .retrieval.fusion import Signals
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 """`python -m tinycontext` runs the CLI (no arguments: the stdio MCP server)."""
 
-from .cli import main
+from .cli.commands import main
 
 raise SystemExit(main())

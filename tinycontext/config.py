@@ -47,10 +47,10 @@ class TinyContextConfig(BaseModel):
     models_dir: Path = Field(default_factory=default_models_dir)
     embedding_model: str = "fast"
     embedding_batch_size: int = Field(32, ge=1, le=1024)
-    # Where vectors come from (tinycontext/embedders): "onnx" (embedding_model is a bundled/hub model),
+    # Where vectors come from (tinycontext/models): "onnx" (embedding_model is a bundled/hub model),
     # "openai" (/v1/embeddings) or "ollama" (/api/embed) at embedding_url (embedding_model is the
     # server's model name), or a registered/entry-point backend.
-    # FTS5 tokenizer (tinycontext/language.py): "porter" (English stemming), "unicode61" (no stemming,
+    # FTS5 tokenizer (tinycontext/retrieval/language.py): "porter" (English stemming), "unicode61" (no stemming,
     # other languages), "trigram" (substrings: Chinese, Japanese, compounds). Changing it rebuilds the index on open.
     fts_tokenizer: Literal["porter", "unicode61", "trigram"] = "porter"
     # "none": no model, keyword-only (BM25) search; vectors are filled in by `tinycontext reindex` later.
@@ -91,13 +91,18 @@ class TinyContextConfig(BaseModel):
     recall_score_cliff: float = Field(0.25, ge=0.0, le=0.99)
     # Rows BM25 may score per recall: the query's commonest words are dropped past it (0: no bound).
     recall_fts_budget: int = Field(30_000, ge=0)
-    # Conversations (tinycontext/conversation.py): a turn gains weight / (3 + its episode's rank), a
+    # Conversations (tinycontext/retrieval/conversation.py): a turn gains weight / (3 + its episode's rank), a
     # share of the score of the turn before/after it, and x(1 + boost) when the query names its speaker.
     # 0 turns a signal off. Chosen on LoCoMo dev with leave-one-conversation-out checks (notes/locomo.md).
     recall_episode_weight: float = Field(0.3, ge=0.0, le=10.0)
     recall_neighbour_weight: float = Field(0.5, ge=0.0, le=1.0)
     recall_speaker_boost: float = Field(0.5, ge=0.0, le=10.0)
-    # Time a question names ("on 13 October 2023", "in May", "last week"; tinycontext/when.py): a memory
+    # How conversation turns are ranked: "learned" (a linear score over each candidate turn's BM25, dense,
+    # episode, neighbour, speaker and length signals, fitted on LoCoMo dev: retrieval/conversation.py FUSION_WEIGHTS) or
+    # "rrf" (weighted RRF plus the three hand-tuned settings above, which "learned" does not use). Memories
+    # that are not turns are ranked by weighted RRF either way (notes/locomo.md).
+    recall_fusion: Literal["learned", "rrf"] = "learned"
+    # Time a question names ("on 13 October 2023", "in May", "last week"; tinycontext/retrieval/time_windows.py): a memory
     # that happened then (occurred_at, else when it was saved) scores x(1 + boost). 0: off (notes/locomo.md).
     recall_time_boost: float = Field(0.0, ge=0.0, le=10.0)
     # Which memories of one save call form an episode when they name none: "turns" (those with a

@@ -20,13 +20,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..config import TinyContextConfig, load_config
-from ..engine import MemoryEngine, MemoryInput, get_engine
-from ..web.tools import router as web_router
+from ..memory.engine import MemoryEngine, MemoryInput, get_engine
+from .web_tools import router as web_router
 from ..errors import TinyContextError
-from ..filters import FilterSpec
-from ..render import MIN_AGENT_TOKENS, Detail
-from ..web.browser.tools import router as browser_router
-from . import browse
+from ..retrieval.filters import FilterSpec
+from ..budget.render import MIN_AGENT_TOKENS, Detail
+from .browser_tools import router as browser_router
+from . import browse_tools as browse
 from .guard import ServeSettings, protect
 from .mcp_schemas import DeleteOutput, MemoryOutput, RecallOutput, SaveOutput
 from .health import health_report

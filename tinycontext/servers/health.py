@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse
 
 from .. import __version__
 from ..config import TinyContextConfig
-from ..engine import MemoryEngine, get_engine
+from ..memory.engine import MemoryEngine, get_engine
 from ..errors import ConfigError, TinyContextError
 from .guard import DEFAULT_PORT, read_token
 

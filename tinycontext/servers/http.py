@@ -100,7 +100,7 @@ def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, r
     import uvicorn
 
     from ..config import load_config
-    from ..engine import close_engines, get_engine
+    from ..memory.engine import close_engines, get_engine
 
     settings.check_bind()
     if settings.transport == "stdio" and not rest:

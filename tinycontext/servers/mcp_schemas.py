@@ -2,7 +2,7 @@
 
 Clients read them from ``tools/list`` (``outputSchema``) and the official SDK client checks every
 successful result against them. The REST app answers with the same models. The shapes follow what the tools hand over: compact recall and
-listing items from :mod:`tinycontext.render`, the engine's save/get/update/delete answers, the
+listing items from :mod:`tinycontext.budget.render`, the engine's save/get/update/delete answers, the
 browse answers. Objects allow extra keys, so a field added later (e.g. by ``detail="full"``) stays
 valid; error results (``isError``) carry ``{"error": {code, message}}`` and are not checked.
 """
@@ -156,7 +156,7 @@ def output_schemas() -> dict[str, dict]:
     """Tool name -> JSON schema of its structured content."""
     schemas = {name: model.model_json_schema() for name, model in OUTPUTS.items()}
     # The browser tools hand over their view model's facts; the view itself is the text content.
-    from ..web.browser.tools import BrowserView
+    from .browser_tools import BrowserView
 
     browser = BrowserView.model_json_schema()
     browser["properties"].pop("view", None)

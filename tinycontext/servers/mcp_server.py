@@ -3,7 +3,7 @@
 ``build_server`` holds every tool definition so the stdio command (``tinycontext mcp``) and the
 streamable HTTP server serve the same tools. Each tool answers twice: a compact text rendering for
 the model and the result as structured content. Recall's two answers are fitted together to
-``max_tokens`` (tinycontext.render). Errors are tool results with ``isError`` set whose text starts
+``max_tokens`` (tinycontext.budget.render). Errors are tool results with ``isError`` set whose text starts
 with the error code.
 """
 
@@ -20,16 +20,17 @@ from mcp.server.fastmcp.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field, ValidationError
 
-from .. import keyword
+from ..memory import keyword_mode as keyword
 from ..config import TinyContextConfig, load_config
-from ..engine import MemoryEngine, MemoryInput, get_engine
-from ..web import tools as web_tools
+from ..memory.engine import MemoryEngine, MemoryInput, get_engine
+from . import web_tools
 from ..errors import InvalidInputError, TinyContextError
-from ..filters import FilterSpec
-from ..render import DETAILS, MIN_AGENT_TOKENS, Page, memory_block
-from ..web.browser.tools import register as register_browser
-from . import browse
+from ..retrieval.filters import FilterSpec
+from ..budget.render import DETAILS, MIN_AGENT_TOKENS, Page, memory_block
+from .browser_tools import register as register_browser
+from . import browse_tools as browse
 from .mcp_schemas import output_schemas
+from .tool_results import error_result
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +59,6 @@ def render_save(result: dict) -> str:
         parts.append(f"memories[{near['index']}] is similar to id {near['similar_to']} "
                      f"(cosine {near['similarity']}); if it restates that memory, update_memory it instead.")
     return "\n".join(parts)
-
-
-def error_result(err: TinyContextError) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=str(err))], structuredContent={"error": err.to_dict()}, isError=True)
 
 
 def _validation_summary(exc: ValidationError) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import codecs
 import re
-from dataclasses import dataclass, field
 from urllib.parse import urldefrag, urljoin, urlsplit
 
 import lxml.html
@@ -15,6 +14,7 @@ import trafilatura
 from lxml import etree
 
 from .fetch import HTML_TYPES, PDF_TYPES, FetchResult
+from .pages import ExtractedPage, Link
 from .pdf import extract_pdf
 
 MAX_LINKS = 300
@@ -24,20 +24,6 @@ _SPACE = re.compile(r"\s+")
 # What is left of an action bar ("Reply · Quote", "Share | Report") once its link texts are removed.
 _SEPARATORS = re.compile(r"^[\s·•|/,;:()\[\]-]*$")
 _ACTION_BAR_CHARS = 60
-
-
-@dataclass
-class Link:
-    url: str
-    text: str
-
-
-@dataclass
-class ExtractedPage:
-    url: str
-    title: str
-    markdown: str
-    links: list[Link] = field(default_factory=list)
 
 
 def _codec(name: str | None) -> str | None:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pypdf import PdfReader
 from pypdf.errors import PyPdfError
 
+from .pages import ExtractedPage
+
 log = logging.getLogger(__name__)
 
 _HEADING_RATIO = 1.15  # a line this much larger than the body font is a heading
@@ -141,8 +143,6 @@ def pdf_to_markdown(lines: list[_Line], pages: int) -> tuple[str, str]:
 def extract_pdf(body: bytes, url: str, *, max_pages: int):
     """The :class:`~tinycontext.web.extract.ExtractedPage` of a PDF's first ``max_pages`` pages
     (empty when it cannot be read: encrypted, damaged)."""
-    from .extract import ExtractedPage  # extract imports this module
-
     try:
         reader = PdfReader(io.BytesIO(body))
         if reader.is_encrypted and not reader.decrypt(""):

@@ -1,6 +1,6 @@
 """Web answers as the agent receives them: text and structured content, both within max_tokens.
 
-Built on :func:`tinycontext.render.fit_page`, the renderer recall uses, so a scrape or search
+Built on :func:`tinycontext.budget.render.fit_page`, the renderer recall uses, so a scrape or search
 answer is counted the same way (text and compact JSON, frames included). A heading path is named
 once, on the first passage under it, not on every passage: it would cost as much as a short passage.
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Sequence
 
-from ..budget import TokenCounter, fit_budget
+from ..budget.tokens import TokenCounter, fit_budget
 from ..errors import RecallBudgetError
-from ..render import Page, fit_page, one_line
+from ..budget.render import Page, fit_page, one_line
 
 if TYPE_CHECKING:
     from .chunk import Chunk
-    from .scrape import PageResult
+    from .pages import PageResult
 
 
 def interleave(pages: Sequence[PageResult]) -> list[tuple[int, Chunk]]:

@@ -1,8 +1,8 @@
 """Ranking passages against a query with the engine's hybrid search, in memory.
 
 The same pieces as recall: an FTS5 table with the memory table's tokenizer and BM25 weights, the
-query built by :func:`tinycontext.retrieval.fts_query`, cosine similarity of the configured
-embedder's vectors, fused by :func:`tinycontext.retrieval.fuse` with the configured dense weight
+query built by :func:`tinycontext.retrieval.fusion.fts_query`, cosine similarity of the configured
+embedder's vectors, fused by :func:`tinycontext.retrieval.fusion.fuse` with the configured dense weight
 and RRF k. Nothing touches the memory database. A passage is scored twice: as a whole, and by its
 best unit (paragraph or sentence, read with its heading path), so the one sentence that answers
 counts even in a passage about something else, and a sentence whose topic is only in its heading
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..config import TinyContextConfig
-from ..retrieval import fts_query, fuse
-from ..store import sqlite_driver
+from ..retrieval.fusion import fts_query, fuse
+from ..sqlite import sqlite_driver
 
 if TYPE_CHECKING:
     from .chunk import Chunk

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..budget import TokenCounter
+from ..budget.tokens import TokenCounter
 from ..config import TinyContextConfig
-from ..keyword import open_embedder
+from ..models.backends import open_embedder
 from ..errors import InvalidInputError
-from ..render import check_agent_budget
-from .chunk import Chunk, chunk_markdown
-from .extract import ExtractedPage, Link, extract_page
+from ..budget.render import check_agent_budget
+from .chunk import chunk_markdown
+from .extract import extract_page
 from .fetch import Fetcher, FetchResult, HttpFetcher
+from .pages import ExtractedPage, PageResult, ScrapeItem
 from .present import scrape_page
 from .rank import bm25_ranking, rank_chunks, rank_passages
 
@@ -31,30 +31,6 @@ MAX_QUERY_CHARS = 1000
 ORDERS = ("page", "rank")
 # How pages are fetched: see tinycontext.web.browser.fetcher for browser and auto.
 BACKENDS = ("http", "browser", "auto")
-
-
-@dataclass
-class ScrapeItem:
-    url: str
-    query: str | None = None
-
-    @property
-    def ranked(self) -> bool:
-        return bool(self.query) and self.query.strip() != "*"
-
-
-@dataclass
-class PageResult:
-    """One item's fetched, extracted and ranked page (before the budget is applied)."""
-
-    item: ScrapeItem
-    fetch: FetchResult
-    outcome: str
-    title: str = ""
-    chunks: list[Chunk] = field(default_factory=list)  # best first when ranked, else page order
-    links: list[Link] = field(default_factory=list)  # best first when ranked
-    markdown_chars: int = 0
-    markdown_tokens: int = 0
 
 
 def check_items(items: Any) -> list[ScrapeItem]:

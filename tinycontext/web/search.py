@@ -17,10 +17,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ..budget import TokenCounter
+from ..budget.tokens import TokenCounter
 from ..config import TinyContextConfig
 from ..errors import InvalidInputError, RecallBudgetError
-from ..render import Page, check_agent_budget, fit_page, one_line
+from ..budget.render import Page, check_agent_budget, fit_page, one_line
 
 MAX_ITEMS = 5
 MAX_QUERY_CHARS = 500

@@ -25,10 +25,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...budget import TokenCounter
+from ...budget.tokens import TokenCounter
 from ...config import TinyContextConfig
 from ...errors import InvalidInputError, TinyContextError
-from ...render import MIN_AGENT_TOKENS, to_json
+from ...budget.render import MIN_AGENT_TOKENS, to_json
 from ..guard import Decision, Guard
 from . import launch
 from .proxy import GuardProxy, RefuseAll

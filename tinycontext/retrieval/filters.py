@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
 MAX_FILTER_VALUES = 64
 MAX_METADATA_KEYS = 16
@@ -101,11 +101,35 @@ def _metadata(value: Any) -> dict[str, Any]:
     return out
 
 
+def parse_occurred_at(value: Any, where: str) -> str | None:
+    """ISO 8601 text for a date or date-time (a ``datetime``/``date`` is accepted too).
+
+    Kept as the caller's precision: ``2023-05-08`` stays a date, ``2023-05-08T13:56`` a local time,
+    an offset is kept. Sorting the stored text sorts by time for values written the same way.
+    """
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds" if value.second or value.microsecond else "minutes")
+    if isinstance(value, date):
+        return value.isoformat()
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInputError(f"{where}.occurred_at must be ISO 8601 text such as 2023-05-08 or 2023-05-08T13:56, got {value!r}.")
+    text = value.strip()
+    try:
+        if len(text) == 10:
+            return date.fromisoformat(text).isoformat()
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise InvalidInputError(f"{where}.occurred_at is not an ISO 8601 date or time: {value!r} ({exc}).") from exc
+    if parsed.tzinfo is not None and parsed.utcoffset() == timezone.utc.utcoffset(None):
+        return parsed.isoformat(timespec="minutes" if not parsed.second else "seconds").replace("+00:00", "Z")
+    return parsed.isoformat(timespec="minutes" if not parsed.second and not parsed.microsecond else "seconds")
+
+
 def _bound(name: str, moment: Any, where: str) -> str:
     if name == "occurred_at":
-        # Stored at the caller's precision (conversation.parse_occurred_at): compare in that same form.
-        from .conversation import parse_occurred_at
-
+        # Stored at the caller's precision (parse_occurred_at): compare in that same form.
         if not isinstance(moment, str):
             raise InvalidInputError(f"{where} must be an ISO 8601 date or datetime string, got {str(moment)[:40]!r}.")
         return parse_occurred_at(moment, where)

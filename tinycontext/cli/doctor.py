@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
-from .config import (
+from .. import __version__
+from ..config import (
     CONFIG_PATH_ENV,
     ENV_PREFIX,
     FIELDS,
@@ -28,7 +28,7 @@ from .config import (
     default_config_file,
     load_config,
 )
-from .errors import ModelMismatchError, StorageError, TinyContextError
+from ..errors import ModelMismatchError, StorageError, TinyContextError
 
 TEST_SENTENCE = "TinyContext doctor test sentence."
 
@@ -75,14 +75,14 @@ class Doctor:
         return summary, {"file": str(file), "file_exists": file.is_file(), "env": env, "sources": sources}
 
     def sqlite(self):
-        from .store import sqlite_driver
+        from ..sqlite import sqlite_driver
 
         driver, why = sqlite_driver()
         return f"{driver.__name__}: {why}; SQLite {driver.sqlite_version}", {
             "driver": driver.__name__, "reason": why, "sqlite_version": driver.sqlite_version}
 
     def fts5(self):
-        from .store import sqlite_driver
+        from ..sqlite import sqlite_driver
 
         conn = sqlite_driver()[0].connect(":memory:")
         try:
@@ -95,7 +95,7 @@ class Doctor:
         return "available", {"available": True}
 
     def sqlite_vec(self):
-        from .store import Store
+        from ..memory.store import Store
 
         # A throwaway in-memory store loads sqlite-vec and runs every migration, as a real open does.
         store = Store(":memory:")
@@ -106,9 +106,9 @@ class Doctor:
         return f"{version}; schema migrations run", {"version": version}
 
     def model(self):
-        from .errors import ModelUnavailableError
-        from .keyword import open_embedder
-        from .model_hub import BUILTIN_NAME, MANIFEST, resolve_model
+        from ..errors import ModelUnavailableError
+        from ..models.backends import open_embedder
+        from ..models.hub import BUILTIN_NAME, MANIFEST, resolve_model
 
         config = self.config
         if config.embedding_backend != "onnx":
@@ -142,7 +142,7 @@ class Doctor:
         return f"{bundle.name} @ {bundle.revision}: sha256 {bundle.sha256[:12]}… {check}; {bundle.dimensions} dims, {bundle.pooling} pooling", details
 
     def embedding(self):
-        from .embeddings import Embedder
+        from ..models.embedder import Embedder
 
         config = self.config
         if self.keyword_only:
@@ -161,7 +161,7 @@ class Doctor:
             "dimensions": int(vector.shape[0]), "norm": norm, "elapsed_ms": elapsed, "identity": self.embedder.identity}
 
     def tokenizer(self):
-        from .budget import TokenCounter
+        from ..budget.tokens import TokenCounter
 
         counter = TokenCounter(self.config.encoding_name)
         tokens = counter.count(TEST_SENTENCE)
@@ -178,7 +178,7 @@ class Doctor:
         return _inspect_database(path, self.embedder.identity if self.embedder else None)
 
     def browser(self):
-        from .web.browser.launch import describe
+        from ..web.browser.launch import describe
 
         return describe(self.config)
 
@@ -212,7 +212,8 @@ def _inspect_database(path: Path, identity: dict | None) -> tuple[str, dict]:
     """Schema version, embedder identity and counts of an existing database, opened read-only."""
     import sqlite_vec
 
-    from .store import SCHEMA_VERSION, sqlite_driver
+    from ..memory.store import SCHEMA_VERSION
+    from ..sqlite import sqlite_driver
 
     driver = sqlite_driver()[0]
     try:

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from .budget import TokenCounter
-from .conversation import display_text
-from .errors import InvalidInputError, RecallBudgetError
+from .tokens import TokenCounter
+from ..retrieval.conversation import display_text
+from ..errors import InvalidInputError, RecallBudgetError
 
 Detail = Literal["compact", "full"]
 DETAILS: tuple[str, ...] = ("compact", "full")

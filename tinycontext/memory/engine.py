@@ -21,11 +21,13 @@ import numpy as np
 import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import browse, conversation, keyword, language, when
-from .budget import TokenCounter, fit_budget
-from .config import TinyContextConfig
-from .embedders import EmbedderProtocol
-from .errors import (
+from . import browse, keyword_mode as keyword
+from ..retrieval import conversation, language, time_windows as when
+from ..budget.tokens import TokenCounter, fit_budget
+from ..config import TinyContextConfig
+from ..models import backends
+from ..models.backends import NO_MODEL, EmbedderProtocol
+from ..errors import (
     ConflictError,
     EmptyMemoryError,
     InvalidInputError,
@@ -33,10 +35,10 @@ from .errors import (
     RecallBudgetError,
     SessionNotFoundError,
 )
-from .filters import Filters, expiry, parse_filters
-from .render import Page, check_agent_budget, check_detail, recall_page
-from .fts_budget import bounded_match
-from .retrieval import Signals, cliff_cut, fuse, relevance_floor
+from ..retrieval.filters import Filters, expiry, parse_filters, parse_occurred_at
+from ..budget.render import Page, check_agent_budget, check_detail, recall_page
+from ..retrieval.bounded_bm25 import bounded_match
+from ..retrieval.fusion import Signals, cliff_cut, fuse, relevance_floor
 from .store import MEMORY_COLUMNS, Store, now_iso, row_to_memory, typed_storage_errors
 from .vector_index import VectorIndex
 
@@ -58,7 +60,7 @@ class MemoryInput(BaseModel):
 
     Conversation turns may also say when they happened (``occurred_at``, ISO 8601), who said them
     (``speaker``), what was shared with them (``attachments``: text such as an image caption) and
-    which ``episode`` (chat session, thread) they belong to; see tinycontext/conversation.py.
+    which ``episode`` (chat session, thread) they belong to; see tinycontext/retrieval/conversation.py.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -189,7 +191,7 @@ class MemoryEngine:
                 if self._reindexed is None:
                     if self._embedder is _UNOPENED:
                         # None: keyword-only (no model configured, or unavailable and keyword_fallback allows it).
-                        self._embedder, self.keyword_reason = keyword.open_embedder(self.config)
+                        self._embedder, self.keyword_reason = backends.open_embedder(self.config)
                     self._reindexed = keyword.bind(self.store, self.config, self._embedder)
         return self._embedder
 
@@ -204,7 +206,7 @@ class MemoryEngine:
         """"hybrid" (BM25 + vectors) or "keyword" (BM25 only: no embedding model). Before the model is
         first needed this is the configured mode, without loading it."""
         if self._reindexed is None:
-            return "keyword" if self.config.embedding_backend == keyword.NO_MODEL else "hybrid"
+            return "keyword" if self.config.embedding_backend == NO_MODEL else "hybrid"
         return "keyword" if self._embedder is None else "hybrid"
 
     def close(self) -> None:
@@ -257,7 +259,7 @@ class MemoryEngine:
                 raise InvalidInputError(f"{where}.metadata is too large (max {MAX_METADATA_BYTES} bytes, depth {MAX_METADATA_DEPTH}).", index=i)
             out.append(MemoryInput(
                 content=content, tags=_normalise_tags(item.tags, where), metadata=item.metadata,
-                occurred_at=conversation.parse_occurred_at(item.occurred_at, where),
+                occurred_at=parse_occurred_at(item.occurred_at, where),
                 speaker=conversation.check_label(item.speaker, "speaker", conversation.MAX_SPEAKER_CHARS, where),
                 attachments=conversation.check_attachments(item.attachments, where),
                 episode=conversation.check_label(item.episode, "episode", conversation.MAX_EPISODE_CHARS, where),
@@ -434,10 +436,10 @@ class MemoryEngine:
                rrf_k: float | None = None, candidates: int | None = None, filters: Filters | dict | None = None,
                episode_weight: float | None = None, neighbour_weight: float | None = None, speaker_boost: float | None = None,
                min_dense: float | None = None, score_cliff: float | None = None, time_boost: float | None = None,
-               signals: Signals | None = None, ranking: int = 0) -> dict:
+               signals: Signals | None = None, ranking: int = 0, fusion: str | None = None) -> dict:
         """The library answer: full memory dicts whose content fits ``max_tokens``. Interfaces that
         hand text to an agent use :meth:`recall_rendered`, whose budget covers what they render.
-        ``filters`` (see :mod:`tinycontext.filters`) narrows by tags, metadata and time.
+        ``filters`` (see :mod:`tinycontext.retrieval.filters`) narrows by tags, metadata and time.
         ``signals``: this query's :meth:`search`, fused instead of searching again. ``ranking``: also
         return the first ``ranking`` positions of the order the answer was chosen from (ids, ranks,
         scores; no budget), e.g. to score the ranking and the budgeted answer from one recall."""
@@ -448,7 +450,7 @@ class MemoryEngine:
         ranked = self._rank(query, session_id=session_id, top_k=top_k, tags=tags, offset=offset,
                             dense_weight=dense_weight, rrf_k=rrf_k, candidates=candidates, filters=filters,
                             episode_weight=episode_weight, neighbour_weight=neighbour_weight, speaker_boost=speaker_boost,
-                            min_dense=min_dense, score_cliff=score_cliff, time_boost=time_boost, signals=signals)
+                            min_dense=min_dense, score_cliff=score_cliff, time_boost=time_boost, signals=signals, fusion=fusion)
         window = ranked["window"]
         chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, ranked["top_k"])
         memories = [window[p] for p in chosen]
@@ -477,7 +479,7 @@ class MemoryEngine:
                         top_k: int | None = None, tags: Sequence[str] | None = None, offset: int = 0,
                         detail: str = "compact", filters: Filters | dict | None = None, **ranking: float | None) -> Page:
         """Recall as an agent receives it: text and structured content, each within ``max_tokens``
-        counted with the configured encoding (see :mod:`tinycontext.render`). ``ranking``: the
+        counted with the configured encoding (see :mod:`tinycontext.budget.render`). ``ranking``: the
         ranking settings :meth:`recall` takes (``dense_weight``, ``rrf_k``, ``candidates``, ``signals``, ...)."""
         detail = check_detail(detail)
         max_tokens = check_agent_budget(self.config.recall_max_tokens if max_tokens is None else max_tokens)
@@ -501,7 +503,8 @@ class MemoryEngine:
               dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None,
               filters: Filters | dict | None = None, episode_weight: float | None = None,
               neighbour_weight: float | None = None, speaker_boost: float | None = None, min_dense: float | None = None,
-              score_cliff: float | None = None, time_boost: float | None = None, signals: Signals | None = None) -> dict:
+              score_cliff: float | None = None, time_boost: float | None = None, signals: Signals | None = None,
+              fusion: str | None = None) -> dict:
         """Ranked memories from ``offset`` on (full dicts with rank and scores), before any budget."""
         query = self._check_query(query)
         top_k = self.config.recall_top_k if top_k is None else top_k
@@ -517,6 +520,9 @@ class MemoryEngine:
         min_dense = _check_number(self.default_min_dense() if min_dense is None else min_dense, "min_dense", 0.0, 1.0)
         cliff = _check_number(self.config.recall_score_cliff if score_cliff is None else score_cliff, "score_cliff", 0.0, 0.99)
         time_boost = _check_number(self.config.recall_time_boost if time_boost is None else time_boost, "time_boost", 0.0, 10.0)
+        fusion = self.config.recall_fusion if fusion is None else fusion
+        if fusion not in ("learned", "rrf"):
+            raise InvalidInputError(f"fusion must be 'learned' or 'rrf', got {fusion!r}.")
         # Resolved once per recall (dateparser only runs when the query has a date phrase).
         windows = when.question_windows(query, datetime.now()) if time_boost else []
         depth, session, tag_list, filters = self._search_scope(session_id, tags, filters, candidates)
@@ -540,10 +546,10 @@ class MemoryEngine:
             ranked = fuse(bm25_hits, dense_hits, dense_weight=weight, k=k)
             # The relevance floor: its own step, so re-rankers before or after it compose.
             ranked, below_floor = relevance_floor(ranked, min_dense)
-            if ranked and (episode_weight or neighbour_weight or speaker_boost):
+            if ranked and (fusion == "learned" or episode_weight or neighbour_weight or speaker_boost):
                 # A neighbour outside the candidates may join only when nothing filtered them.
                 ranked = self._conversation_rerank(query, session, ranked, dense_hits, episode_weight, neighbour_weight, speaker_boost,
-                                                   expand=not tag_list and not filters)
+                                                   expand=not tag_list and not filters, fusion=fusion)
             if ranked and windows:
                 ranked = when.boost(ranked, self._times([c.id for c in ranked]), windows, time_boost)
             return ranked, below_floor
@@ -611,10 +617,10 @@ class MemoryEngine:
         return Signals(query, session, tuple(tag_list), filters, depth, bm25, tuple(pending.result()) if pending else None)
 
     def _conversation_rerank(self, query: str, session: str | None, ranked: list, dense_hits: list, episode_weight: float,
-                             neighbour_weight: float, speaker_boost: float, *, expand: bool) -> list:
+                             neighbour_weight: float, speaker_boost: float, *, expand: bool, fusion: str) -> list:
         def turns(ids) -> dict[int, tuple]:
-            return {r[0]: (r[1], r[2]) for r in self.store.read(
-                "SELECT id, episode_id, speaker FROM memories WHERE id IN (SELECT value FROM json_each(?)) "
+            return {r[0]: (r[1], r[2], r[3]) for r in self.store.read(
+                "SELECT id, episode_id, speaker, length(content) FROM memories WHERE id IN (SELECT value FROM json_each(?)) "
                 "AND (episode_id IS NOT NULL OR speaker IS NOT NULL)", (json.dumps(ids),))}
 
         candidates = [c.id for c in ranked]
@@ -623,10 +629,19 @@ class MemoryEngine:
         info = turns(candidates)
         if not info:
             return ranked
-        if neighbour_weight and expand:
+        learned = fusion == "learned" and bool(dense_hits)
+        if learned:
+            # The features read the turns two either side of a candidate (a joining neighbour's own
+            # neighbour) and the dense hits' episodes.
+            near = {i + step for i in candidates for step in (-2, -1, 1, 2)} | {i for i, _ in dense_hits}
+            info.update(turns(sorted(near.difference(candidates))))
+        elif neighbour_weight and expand:
             info.update(turns(sorted({i + step for i in candidates for step in (-1, 1)}.difference(candidates))))
-        has_episodes = any(e is not None for e, _ in info.values())
-        episode_hits = conversation.episode_bm25(self.store, query, session, self.config.fts_tokenizer) if episode_weight and has_episodes else []
+        has_episodes = any(turn[0] is not None for turn in info.values())
+        wants_episodes = has_episodes and (learned or episode_weight)
+        episode_hits = conversation.episode_bm25(self.store, query, session, self.config.fts_tokenizer) if wants_episodes else []
+        if learned:
+            return conversation.learned_rerank(ranked, info, query=query, episode_hits=episode_hits, dense_hits=dense_hits, expand=expand)
         return conversation.rerank(ranked, info, query=query, episode_hits=episode_hits, dense_hits=dense_hits,
                                    episode_weight=episode_weight if has_episodes else 0.0,
                                    neighbour_weight=neighbour_weight if has_episodes else 0.0, speaker_boost=speaker_boost,
@@ -825,17 +840,17 @@ class MemoryEngine:
                 conversation.index_episodes(conn, [row[1]])
         return {"id": memory_id, "deleted": True}
 
-    # -- browsing and housekeeping (tinycontext/browse.py) -------------------------------------------
+    # -- browsing and housekeeping (tinycontext/memory/browse.py) -------------------------------------------
 
     def list_memories(self, **options) -> Page:
-        """A budgeted page of memories; see :func:`tinycontext.browse.list_memories`."""
+        """A budgeted page of memories; see :func:`tinycontext.memory.browse.list_memories`."""
         return browse.list_memories(self, **options)
 
     def list_sessions(self) -> dict:
         return browse.list_sessions(self)
 
     def delete_memories(self, **options) -> dict:
-        """Bulk delete by session/tags/filters after a dry run; see :func:`tinycontext.browse.delete_memories`."""
+        """Bulk delete by session/tags/filters after a dry run; see :func:`tinycontext.memory.browse.delete_memories`."""
         return browse.delete_memories(self, **options)
 
     def sessions(self) -> list[dict]:
@@ -916,7 +931,7 @@ def recall_memories(query: str, *, session_id: str | None = None, max_tokens: in
     """The memories most relevant to ``query`` that fit ``max_tokens``, best first.
 
     Without ``session_id`` all sessions are searched. ``tags`` keeps memories with any of them;
-    ``filters`` (see :mod:`tinycontext.filters`) narrows by tags, metadata and time.
+    ``filters`` (see :mod:`tinycontext.retrieval.filters`) narrows by tags, metadata and time.
     """
     return get_engine(config).recall(query, session_id=session_id, max_tokens=max_tokens, top_k=top_k, tags=tags, offset=offset,
                                      filters=filters)

@@ -15,10 +15,11 @@ from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...config import TinyContextConfig, load_config
-from ...errors import InvalidInputError, TinyContextError
-from ...render import MIN_AGENT_TOKENS
-from .service import ACTIONS, get_service
+from ..config import TinyContextConfig, load_config
+from .tool_results import error_result
+from ..errors import InvalidInputError, TinyContextError
+from ..budget.render import MIN_AGENT_TOKENS
+from ..web.browser.service import ACTIONS, get_service
 
 NAVIGATE_HELP = (
     "Open a URL in a real browser (JavaScript runs) and read the page as a compact accessibility tree: one line per "
@@ -55,7 +56,6 @@ def register(server: FastMCP, config: TinyContextConfig) -> None:
     """Add browser_navigate and browser_act to ``server`` unless ``browser_backend`` is off."""
     if config.browser_backend == "off":
         return
-    from ...servers.mcp_server import error_result
 
     keys: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 

@@ -16,19 +16,24 @@ Recall uses these in :func:`rerank`, after rank fusion:
 - **speaker**: when the query names exactly one of the candidates' speakers, that speaker's turns'
   scores are multiplied by ``1 + speaker_boost``.
 
+That is the ``rrf`` fusion. The default, ``learned`` (:func:`learned_rerank`), scores each candidate
+turn and each turn next to one by a linear function of the same signals (``FUSION_FEATURES``), with
+weights fitted listwise on LoCoMo dev (``scripts/locomo_fusion.py``; notes/locomo.md).
+
 Pure functions apart from :func:`episode_bm25`, which reads the store.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
-from datetime import date, datetime, timezone
+from datetime import date
 from typing import Any, Sequence
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 from .language import match_query
-from .retrieval import Candidate
+from .fusion import Candidate
 
 MAX_SPEAKER_CHARS = 100
 MAX_EPISODE_CHARS = 200
@@ -41,37 +46,30 @@ EPISODE_RRF_K = 2.0
 EPISODE_DEPTH = 100
 # Episode ranking leans on BM25: a whole chat's words are a better episode signal than one turn's vector.
 EPISODE_DENSE_WEIGHT = 0.3
+# Learned fusion: the features of a candidate turn and their weights, fitted by scripts/locomo_fusion.py
+# (softmax over each LoCoMo dev question's candidates, evidence turns as targets; leave-one-conversation-out
+# in notes/locomo.md). Shares and gaps are relative to the query's best hit, so the weights do not depend
+# on a store's size or score scale.
+FUSION_FEATURES = (
+    "bm25_share",         # BM25 / the best BM25 hit's (0: no lexical match)
+    "dense_gap",          # cosine - the best dense hit's (a turn outside the dense list: the last hit's)
+    "rrf",                # the weighted RRF score (0: joined as a neighbour)
+    "episode_bm25_share", # its episode's BM25 / the best episode's
+    "episode_bm25_rr",    # 1 / (3 + its episode's BM25 rank), 0 when the episode has no match
+    "episode_dense_gap",  # its episode's best dense hit - the best dense hit
+    "prev_rrf",           # the rrf of the turn before it in the episode (an answer follows a question)
+    "next_rrf",           # the rrf of the turn after it
+    "prev_dense_gap",     # dense_gap of the turn before it (none: the last hit's gap)
+    "speaker_named",      # 1 when the query names exactly one speaker and it said this turn
+    "other_speaker",      # 1 when the query names one speaker and another said this turn
+    "log_chars",          # log(1 + characters of the content): "Wow!" is rarely the evidence
+)
+FUSION_WEIGHTS = (2.1727, 1.7968, 17.2365, 3.5716, -5.12, 5.5538, 23.0058, 8.9452, 2.4514, 1.615, -1.5722, 1.0429)
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
            "November", "December")
 
 
 # -- input ----------------------------------------------------------------------------------------
-
-def parse_occurred_at(value: Any, where: str) -> str | None:
-    """ISO 8601 text for a date or date-time (a ``datetime``/``date`` is accepted too).
-
-    Kept as the caller's precision: ``2023-05-08`` stays a date, ``2023-05-08T13:56`` a local time,
-    an offset is kept. Sorting the stored text sorts by time for values written the same way.
-    """
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value.isoformat(timespec="seconds" if value.second or value.microsecond else "minutes")
-    if isinstance(value, date):
-        return value.isoformat()
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidInputError(f"{where}.occurred_at must be ISO 8601 text such as 2023-05-08 or 2023-05-08T13:56, got {value!r}.")
-    text = value.strip()
-    try:
-        if len(text) == 10:
-            return date.fromisoformat(text).isoformat()
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise InvalidInputError(f"{where}.occurred_at is not an ISO 8601 date or time: {value!r} ({exc}).") from exc
-    if parsed.tzinfo is not None and parsed.utcoffset() == timezone.utc.utcoffset(None):
-        return parsed.isoformat(timespec="minutes" if not parsed.second else "seconds").replace("+00:00", "Z")
-    return parsed.isoformat(timespec="minutes" if not parsed.second and not parsed.microsecond else "seconds")
-
 
 def check_label(value: Any, what: str, limit: int, where: str) -> str | None:
     """A speaker name or an episode key: one line of 1-``limit`` characters."""
@@ -203,12 +201,82 @@ def rerank(ranked: list[Candidate], info: dict[int, tuple[int | None, str | None
             if episode in ranks:
                 c.rrf += episode_weight / (EPISODE_K + ranks[episode])
     if speaker_boost > 0:
-        speaker = mentioned_speaker(query, {s for _, s in info.values() if s})
+        speaker = mentioned_speaker(query, {turn[1] for turn in info.values() if turn[1]})
         if speaker is not None:
             for c in ranked:
                 if info.get(c.id, (None, None))[1] == speaker:
                     c.rrf *= 1.0 + speaker_boost
     return sorted(ranked, key=lambda c: (-c.rrf, c.bm25_rank or 10**9, c.dense_rank or 10**9, c.id))
+
+
+def fusion_features(ranked: list[Candidate], info: dict[int, tuple], *, query: str, episode_hits: list[tuple[int, float]],
+                    dense_hits: list[tuple[int, float]], expand: bool = False) -> tuple[list[Candidate], list[list[float]]]:
+    """The turns :func:`learned_rerank` scores and their ``FUSION_FEATURES``: the candidates and, with
+    ``expand``, the turns right before/after one in the same episode. ``info`` maps id -> (episode,
+    speaker, characters) for the candidates, the dense hits and the ids up to two either side of a
+    candidate (those that are turns); ``dense_hits`` must not be empty."""
+    def episode(i: int):
+        return info.get(i, (None,))[0]
+
+    by_id = {c.id: c for c in ranked}
+    pool = list(ranked)
+    if expand:
+        for c in ranked:
+            for other in (c.id - 1, c.id + 1):
+                if other not in by_id and episode(c.id) is not None and episode(other) == episode(c.id):
+                    by_id[other] = Candidate(other)
+                    pool.append(by_id[other])
+    base = {c.id: c.rrf for c in ranked}
+    dense = dict(dense_hits)
+    d_max, d_min = dense_hits[0][1], dense_hits[-1][1]
+    bm_max = max((c.bm25 for c in ranked if c.bm25 is not None), default=0.0)
+    ep_max = episode_hits[0][1] if episode_hits else 0.0
+    ep_score = dict(episode_hits)
+    ep_rank = {e: r for r, (e, _) in enumerate(episode_hits, start=1)}
+    best: dict[int, float] = {}
+    for cid, similarity in dense_hits:
+        e = episode(cid)
+        if e is not None and similarity > best.get(e, -2.0):
+            best[e] = similarity
+    speaker = mentioned_speaker(query, {turn[1] for turn in info.values() if turn[1]})
+    rows = []
+    for c in pool:
+        e, said, chars = info.get(c.id, (None, None, 0))
+        before = c.id - 1 if e is not None and episode(c.id - 1) == e else None
+        after = c.id + 1 if e is not None and episode(c.id + 1) == e else None
+        rows.append([
+            c.bm25 / bm_max if c.bm25 is not None and bm_max > 0 else 0.0,
+            dense.get(c.id, d_min) - d_max,
+            base.get(c.id, 0.0),
+            ep_score.get(e, 0.0) / ep_max if ep_max > 0 else 0.0,
+            1.0 / (EPISODE_K + ep_rank[e]) if e in ep_rank else 0.0,
+            best.get(e, d_min) - d_max,
+            base.get(before, 0.0),
+            base.get(after, 0.0),
+            (dense.get(before, d_min) if before is not None else d_min) - d_max,
+            float(speaker is not None and said == speaker),
+            float(speaker is not None and said is not None and said != speaker),
+            math.log1p(chars),
+        ])
+    return pool, rows
+
+
+def learned_rerank(ranked: list[Candidate], info: dict[int, tuple], *, query: str, episode_hits: list[tuple[int, float]],
+                   dense_hits: list[tuple[int, float]], expand: bool = False,
+                   weights: Sequence[float] = FUSION_WEIGHTS) -> list[Candidate]:
+    """Candidate turns (and, with ``expand``, their neighbours) ranked by ``weights`` . their
+    :func:`fusion_features`, best first, ties by id. Each gets ``rrf = exp(score - best score)``
+    (in (0, 1], in rank order), so later steps that scale scores (the time boost) still compose.
+    Without dense hits (keyword-only) the features are undefined: the list is returned unchanged."""
+    if not dense_hits:
+        return ranked
+    pool, rows = fusion_features(ranked, info, query=query, episode_hits=episode_hits, dense_hits=dense_hits, expand=expand)
+    scores = [sum(w * f for w, f in zip(weights, row)) for row in rows]
+    top = max(scores)
+    order = sorted(range(len(pool)), key=lambda i: (-scores[i], pool[i].id))
+    for i in order:
+        pool[i].rrf = math.exp(scores[i] - top)
+    return [pool[i] for i in order]
 
 
 def index_episodes(conn, episode_ids) -> None:

@@ -20,7 +20,8 @@ from typing import Literal, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from .errors import ModelUnavailableError
+from ..errors import ModelUnavailableError
+from .checksum import file_sha256
 
 Kind = Literal["query", "document"]
 POOLINGS = ("mean", "cls", "graph", "static")
@@ -146,8 +147,6 @@ class Embedder:
     @property
     def identity(self) -> dict:
         """What the database records about the vectors this embedder makes."""
-        from .model_hub import file_sha256  # model_hub imports this module
-
         return {
             "model": self.bundle.name,
             "revision": self.bundle.revision,

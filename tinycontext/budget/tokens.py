@@ -9,7 +9,7 @@ from typing import Iterable, Sequence
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 

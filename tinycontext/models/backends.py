@@ -2,7 +2,7 @@
 
 The engine only needs ``identity`` (what the database records about the vectors), ``dimensions``,
 ``embed_query(text)`` and ``embed_documents(texts, progress=)``. ``embedding_backend`` in the config
-names the backend: ``onnx`` (the bundled/downloaded ONNX models, :mod:`tinycontext.embeddings`),
+names the backend: ``onnx`` (the bundled/downloaded ONNX models, :mod:`tinycontext.models.embedder`),
 ``openai`` (any ``/v1/embeddings`` server: llama.cpp, vLLM, LM Studio, Ollama's v1) and ``ollama``
 (Ollama's ``/api/embed``), plus any backend registered with :func:`register_backend` or published by
 a package under the ``tinycontext.embedders`` entry point group (a callable taking the config and
@@ -11,18 +11,21 @@ returning an embedder), so a new backend needs no change to the engine.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ModelUnavailableError
 
 if TYPE_CHECKING:
     from ..config import TinyContextConfig
 
 ENTRY_POINT_GROUP = "tinycontext.embedders"
+NO_MODEL = "none"  # embedding_backend for keyword-only mode
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -65,9 +68,22 @@ def create_embedder(config: "TinyContextConfig") -> EmbedderProtocol:
     return factory(config)
 
 
+def open_embedder(config: "TinyContextConfig") -> tuple["EmbedderProtocol | None", str | None]:
+    """(embedder, None), or (None, why) for keyword-only mode."""
+    if config.embedding_backend == NO_MODEL:
+        return None, "no embedding model configured (embedding_backend='none')"
+    try:
+        return create_embedder(config), None
+    except ModelUnavailableError as err:
+        if not config.keyword_fallback:
+            raise
+        log.warning("embedding model unavailable, running keyword-only: %s", err)
+        return None, f"embedding model unavailable: {err.message}"
+
+
 def _onnx(config: "TinyContextConfig") -> EmbedderProtocol:
-    from ..embeddings import Embedder
-    from ..model_hub import resolve_model
+    from .embedder import Embedder
+    from .hub import resolve_model
 
     bundle = resolve_model(config.embedding_model, config.models_dir)
     return Embedder(bundle, batch_size=config.embedding_batch_size, cache_size=config.embedding_cache_size,

@@ -6,16 +6,15 @@ matches are counted first (FTS5 walks a word's list of rows far faster than it s
 the count stops past the budget), and the most common words are left out while the rows left to
 score exceed the budget (``recall_fts_budget``); the rarest word always stays. The words dropped
 carry the least IDF weight, and below the budget (in practice every database up to tens of
-thousands of memories) the query is exactly :func:`tinycontext.retrieval.fts_query`'s.
+thousands of memories) the query is exactly :func:`tinycontext.retrieval.fusion.fts_query`'s.
 """
 
 from __future__ import annotations
 
-from .retrieval import match_expression, query_terms
-from .store import Store
+from .fusion import match_expression, query_terms
 
 
-def bounded_match(store: Store, query: str, budget: int, span: tuple[int, int] | None = None) -> str | None:
+def bounded_match(store, query: str, budget: int, span: tuple[int, int] | None = None) -> str | None:
     """The FTS5 MATCH expression for ``query``, its commonest words dropped to fit ``budget`` rows
     (0: no bound). ``span``: the (lowest, highest) memory id the search is limited to."""
     terms = query_terms(query)

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from io import TextIOWrapper
 from pathlib import Path
 
-from . import __version__
-from .config import TinyContextConfig, load_config
-from .engine import MemoryEngine
-from .errors import InvalidInputError, ModelUnavailableError, StorageError, TinyContextError
-from .render import DETAILS, memory_block, one_line, plural, to_json
+from .. import __version__
+from ..config import TinyContextConfig, load_config
+from ..memory.engine import MemoryEngine
+from ..errors import InvalidInputError, ModelUnavailableError, StorageError, TinyContextError
+from ..budget.render import DETAILS, memory_block, one_line, plural, to_json
 
 
 @dataclass(frozen=True)
@@ -171,8 +171,8 @@ def _serve_stdio(server) -> None:
 
 @command("mcp", "run the MCP server on stdio (the default when no command is given)")
 def mcp(args):
-    from .engine import close_engines
-    from .servers.mcp_server import build_server
+    from ..memory.engine import close_engines
+    from ..servers.mcp_server import build_server
 
     server = build_server(config_of(args))
     if sys.stdin.isatty():
@@ -283,7 +283,7 @@ def _search_args(parser):
 
 @command("search", "search the web (backend: search_backend); results and an outcome per query", _search_args)
 def search(args):
-    from .web import search as web_search
+    from ..web import search as web_search
 
     answer = web_search([{"query": q, "domains": args.domain} for q in args.query], args.max_tokens, config=config_of(args))
     text = answer.pop("text")
@@ -302,7 +302,7 @@ def _scrape_args(parser):
 
 @command("scrape", "read web pages: the passages that answer --query, within --max-tokens", _scrape_args)
 def scrape(args):
-    from .web import scrape_urls
+    from ..web import scrape_urls
 
     answer = scrape_urls([{"url": u, "query": args.query} for u in args.url], args.max_tokens, order=args.order,
                          config=config_of(args), backend=args.backend)
@@ -421,7 +421,7 @@ def reindex(args):
 
 
 def _serve_args(parser):
-    from .servers.http import TRANSPORTS
+    from ..servers.http import TRANSPORTS
 
     parser.add_argument("--host", help="address to listen on (default: $MCP_HOST or 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default: $MCP_PORT or 8765)")
@@ -431,8 +431,8 @@ def _serve_args(parser):
 
 @command("serve", "serve MCP over HTTP at /mcp, or --rest the REST API; beyond loopback it needs TINYCONTEXT_API_TOKEN", _serve_args)
 def serve(args):
-    from .servers.http import ServeSettings
-    from .servers.http import serve as run_server
+    from ..servers.http import ServeSettings
+    from ..servers.http import serve as run_server
 
     settings = ServeSettings.from_env(host=args.host, port=args.port, transport=args.transport)
     if settings.transport == "stdio" and not args.rest:
@@ -441,8 +441,8 @@ def serve(args):
 
 
 def existing_store(args):
-    from .errors import StorageError
-    from .store import Store
+    from ..errors import StorageError
+    from ..memory.store import Store
 
     path = config_of(args).memory_db_path
     if not path.is_file():
@@ -458,7 +458,7 @@ def _export_args(parser):
 
 @command("export", "write memories, sessions and history as JSONL (to stdout or --output)", _export_args)
 def export(args):
-    from .transfer import export_jsonl
+    from ..memory.transfer import export_jsonl
 
     store = existing_store(args)
     try:
@@ -473,8 +473,8 @@ def export(args):
 
 def _export_to_file(store, path: Path, args) -> int:
     """Write beside the target, then rename: a failed export never leaves a half-written file."""
-    from .store import make_folder
-    from .transfer import export_jsonl
+    from ..memory.store import make_folder
+    from ..memory.transfer import export_jsonl
 
     if path.is_dir():
         raise InvalidInputError(f"--output {path} is a folder; give a file name, e.g. {path / 'memories.jsonl'}.")
@@ -498,7 +498,7 @@ def _import_args(parser):
 
 @command("import", "import a JSONL export, or a legacy TinyContext (tinysuite-context) database", _import_args)
 def import_(args):
-    from .transfer import import_file, import_jsonl
+    from ..memory.transfer import import_file, import_jsonl
 
     with open_engine(args) as engine:
         report = (import_jsonl(engine, sys.stdin, source="stdin") if args.path == "-" else import_file(engine, args.path)).to_dict()
@@ -517,7 +517,7 @@ def _backup_args(parser):
 
 @command("backup", "copy the live database to PATH (SQLite online backup, integrity-checked)", _backup_args)
 def backup(args):
-    from .transfer import backup as backup_db
+    from ..memory.transfer import backup as backup_db
 
     store = existing_store(args)
     try:

@@ -1,10 +1,4 @@
-"""The SQLite file: driver choice, schema and migrations, and the queries the engine needs.
-
-Driver: the standard library's ``sqlite3`` when it can load extensions, else ``sqlean.py`` (a
-drop-in sqlite3 build with extension loading, a hard dependency). Many Pythons (pyenv builds,
-macOS system Python) lack ``enable_load_extension``, and sqlite-vec is an extension.
-``TINYCONTEXT_SQLITE_DRIVER=sqlite3|sqlean`` forces one; ``tinycontext doctor`` shows which is used.
-"""
+"""The SQLite file: schema and migrations, and the queries the engine needs (driver: :mod:`tinycontext.sqlite`)."""
 
 from __future__ import annotations
 
@@ -17,13 +11,13 @@ import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from types import ModuleType
 from typing import Iterable, Iterator
 
 import numpy as np
 
-from .conversation import EMBEDDING_COLUMNS, stored_embedding_text
-from .errors import ModelMismatchError, StorageError
+from ..retrieval.conversation import EMBEDDING_COLUMNS, stored_embedding_text
+from ..errors import ModelMismatchError, StorageError
+from ..sqlite import sqlite_driver
 
 SCHEMA_VERSION = 6
 # What reindexing reads: each memory's id, session and the text its vector embeds (as save does).
@@ -31,30 +25,6 @@ _EMBED_ROWS = f"SELECT id, session_id, {EMBEDDING_COLUMNS} FROM memories ORDER B
 BUSY_TIMEOUT_MS = 10_000
 # The columns of tinysuite-context's memories table (transfer.import_legacy reads those databases).
 LEGACY_SIGNATURE = frozenset({"id", "session_id", "content", "created_at"})
-
-
-def _can_load_extensions(module: ModuleType) -> bool:
-    return hasattr(module.Connection, "enable_load_extension")
-
-
-def sqlite_driver() -> tuple[ModuleType, str]:
-    """(module, why) for the SQLite driver this process uses."""
-    forced = os.environ.get("TINYCONTEXT_SQLITE_DRIVER", "").strip().lower()
-    import sqlite3
-
-    if forced == "sqlite3" or (not forced and _can_load_extensions(sqlite3)):
-        if not _can_load_extensions(sqlite3):
-            raise StorageError(
-                "This Python's sqlite3 cannot load extensions (no enable_load_extension), so sqlite-vec cannot run. "
-                "Unset TINYCONTEXT_SQLITE_DRIVER to use sqlean.py instead."
-            )
-        return sqlite3, "stdlib sqlite3 (can load extensions)"
-    try:
-        import sqlean
-    except ImportError as exc:
-        raise StorageError("sqlean.py is missing and this Python's sqlite3 cannot load extensions: pip install sqlean.py") from exc
-    reason = "forced by TINYCONTEXT_SQLITE_DRIVER" if forced else "stdlib sqlite3 cannot load extensions"
-    return sqlean, f"sqlean.py ({reason})"
 
 
 def now_iso() -> str:

@@ -31,9 +31,9 @@ from typing import IO, Callable, Iterable, Iterator
 import numpy as np
 
 from .engine import MemoryEngine, _check_session
-from .errors import InvalidInputError, SessionNotFoundError, StorageError
-from .filters import parse_time
-from .model_hub import REGISTRY
+from ..errors import InvalidInputError, SessionNotFoundError, StorageError
+from ..retrieval.filters import parse_time
+from ..models.hub import REGISTRY
 from .store import LEGACY_SIGNATURE, MEMORY_COLUMNS, Store, make_folder, now_iso, row_to_memory
 
 FORMAT = "tinycontext-export"
@@ -119,7 +119,7 @@ class ImportReport:
 @dataclass
 class _Pending:
     """One memory to import: where it came from (for error messages), its session, and the
-    :class:`~tinycontext.engine.StoredMemory` fields."""
+    :class:`~tinycontext.memory.engine.StoredMemory` fields."""
 
     where: str
     session_id: str | None

@@ -14,32 +14,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import conversation
-from .errors import ModelUnavailableError
+from ..retrieval import conversation
+from ..models.backends import NO_MODEL
 
 if TYPE_CHECKING:
-    from .config import TinyContextConfig
-    from .embedders import EmbedderProtocol
+    from ..config import TinyContextConfig
+    from ..models.backends import EmbedderProtocol
     from .store import Store
 
 log = logging.getLogger(__name__)
-NO_MODEL = "none"
 BACKFILL_BATCH = 512
-
-
-def open_embedder(config: "TinyContextConfig") -> tuple["EmbedderProtocol | None", str | None]:
-    """(embedder, None), or (None, why) for keyword-only mode."""
-    from .embedders import create_embedder
-
-    if config.embedding_backend == NO_MODEL:
-        return None, "no embedding model configured (embedding_backend='none')"
-    try:
-        return create_embedder(config), None
-    except ModelUnavailableError as err:
-        if not config.keyword_fallback:
-            raise
-        log.warning("embedding model unavailable, running keyword-only: %s", err)
-        return None, f"embedding model unavailable: {err.message}"
 
 
 def bind(store: "Store", config: "TinyContextConfig", embedder: "EmbedderProtocol | None") -> int:

@@ -7,17 +7,16 @@ instead of producing silently wrong vectors.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
-import threading
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
-from .embeddings import ModelBundle
-from .errors import MissingExtraError, ModelUnavailableError
+from .checksum import file_sha256
+from .embedder import ModelBundle
+from ..errors import MissingExtraError, ModelUnavailableError
 
 MANIFEST = "tinycontext-manifest.json"
 BGE_QUERY_PREFIX = "Represent this sentence for searching relevant passages: "
@@ -64,28 +63,6 @@ REGISTRY: dict[str, RegistryEntry] = {
     ]
 }
 TIERS = {"fast": BUILTIN_NAME, "balanced": "bge-small-en-v1.5", "quality": "bge-base-en-v1.5", "multilingual": "multilingual-e5-small"}
-
-_hash_cache: dict[tuple, str] = {}
-_hash_lock = threading.Lock()
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, remembered per (path, inode, size, mtime, ctime) so repeated loads in one process
-    stay cheap; any write or replacement changes the key (ctime cannot be set back by hand)."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-    with _hash_lock:
-        if key in _hash_cache:
-            return _hash_cache[key]
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    value = digest.hexdigest()
-    with _hash_lock:
-        _hash_cache[key] = value
-    return value
-
 
 def verify_sha256(path: Path, expected: str, remedy: str) -> str:
     """``remedy`` tells the user how to get a good copy back (it depends on where the file came from)."""

@@ -14,12 +14,13 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import TinyContextConfig
+from .tool_results import error_result
 from ..errors import TinyContextError
-from .clock import current_datetime, render_datetime
-from .scrape import MAX_ITEMS as SCRAPE_MAX_ITEMS
-from .scrape import ascrape_urls, shared_embedder
-from .search import MAX_ITEMS as SEARCH_MAX_ITEMS
-from .search import SEARCH_MAX_TOKENS, asearch
+from ..web.clock import current_datetime, render_datetime
+from ..web.scrape import MAX_ITEMS as SCRAPE_MAX_ITEMS
+from ..web.scrape import ascrape_urls, shared_embedder
+from ..web.search import MAX_ITEMS as SEARCH_MAX_ITEMS
+from ..web.search import SEARCH_MAX_TOKENS, asearch
 
 
 class SearchItemModel(BaseModel):
@@ -55,7 +56,6 @@ def register(server, config: TinyContextConfig, *, engine: Callable[[], Any] | N
     ``engine`` (the server's engine getter) lends its embedder to scrape_urls when the model is the same."""
     if not config.web_tools:
         return
-    from ..servers.mcp_server import error_result
 
     async def answer(work) -> CallToolResult:
         try:

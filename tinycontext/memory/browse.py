@@ -1,7 +1,7 @@
 """Living with a memory store: listing, sessions, bulk deletion and expiry.
 
 ``list_memories`` pages through memories (newest first by default) as compact lines fitted to a
-token budget by :func:`tinycontext.render.fit_page`, so browsing a big store never floods an agent's
+token budget by :func:`tinycontext.budget.render.fit_page`, so browsing a big store never floods an agent's
 context. ``delete_memories`` removes everything matching a session, tags or a filter, but only after
 a dry run: the real deletion must name the count the dry run reported, so a filter that matches more
 than the caller saw deletes nothing. Memories saved with ``expires_at`` / ``ttl_seconds`` are
@@ -11,16 +11,13 @@ returned and does not linger.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-from . import conversation
-from .errors import InvalidInputError, SessionNotFoundError
-from .filters import parse_filters
-from .render import Detail, Page, check_agent_budget, check_detail, fit_page, memory_item, memory_line, plural
+from ..retrieval import conversation
+from ..errors import InvalidInputError, SessionNotFoundError
+from ..retrieval.filters import parse_filters
+from ..budget.render import Detail, Page, check_agent_budget, check_detail, fit_page, memory_item, memory_line, plural
 from .store import MEMORY_COLUMNS, now_iso, row_to_memory
-
-if TYPE_CHECKING:
-    from .engine import MemoryEngine
 
 ORDERS = {
     "newest": "coalesce(updated_at, created_at) DESC, id DESC",
@@ -31,7 +28,7 @@ MAX_LIST_LIMIT = 1000
 MAX_OFFSET = 1_000_000
 
 
-def _where(engine: "MemoryEngine", session_id: str | None, tags: Sequence[str] | None, filters) -> tuple[str, list, str | None]:
+def _where(engine, session_id: str | None, tags: Sequence[str] | None, filters) -> tuple[str, list, str | None]:
     """SQL condition on ``memories`` (column ``id``), its params, and the checked session."""
     session = session_id
     if session is not None:
@@ -53,7 +50,7 @@ def _where(engine: "MemoryEngine", session_id: str | None, tags: Sequence[str] |
     return sql, params, session
 
 
-def purge_expired(engine: "MemoryEngine") -> int:
+def purge_expired(engine) -> int:
     """Delete memories whose ``expires_at`` has passed; returns how many. Cheap when none has (index)."""
     now = now_iso()
     if not engine.store.read("SELECT 1 FROM memories WHERE expires_at <= ? LIMIT 1", (now,)):
@@ -61,7 +58,7 @@ def purge_expired(engine: "MemoryEngine") -> int:
     return _delete_where(engine, "expires_at <= ?", [now])
 
 
-def _delete_where(engine: "MemoryEngine", condition: str, params: list, expected: int | None = None) -> int:
+def _delete_where(engine, condition: str, params: list, expected: int | None = None) -> int:
     with engine.index.write() as conn:
         rows = conn.execute(f"SELECT id, session_id, episode_id FROM memories WHERE {condition}", params).fetchall()
         if expected is not None and len(rows) != expected:
@@ -81,7 +78,7 @@ def _delete_where(engine: "MemoryEngine", condition: str, params: list, expected
     return len(rows)
 
 
-def list_memories(engine: "MemoryEngine", *, session_id: str | None = None, tags: Sequence[str] | None = None,
+def list_memories(engine, *, session_id: str | None = None, tags: Sequence[str] | None = None,
                   filters=None, order: str = "newest", offset: int = 0, limit: int = 50, max_tokens: int | None = None,
                   detail: Detail = "compact") -> Page:
     """A page of memories in ``order`` (newest, oldest, id) as lines and structured content that
@@ -129,14 +126,14 @@ def list_memories(engine: "MemoryEngine", *, session_id: str | None = None, tags
                     item=lambda m: memory_item(m, detail=detail), text_frame=text, structured_frame=structured)
 
 
-def list_sessions(engine: "MemoryEngine") -> dict:
+def list_sessions(engine) -> dict:
     """Every session with its memory count and tokens, oldest first."""
     purge_expired(engine)
     sessions = engine.sessions()
     return {"sessions": sessions, "total": len(sessions)}
 
 
-def delete_memories(engine: "MemoryEngine", *, session_id: str | None = None, tags: Sequence[str] | None = None,
+def delete_memories(engine, *, session_id: str | None = None, tags: Sequence[str] | None = None,
                     filters=None, dry_run: bool = True, confirm: int | None = None) -> dict:
     """Delete every memory matching the session, tags (any of) and filters.
 

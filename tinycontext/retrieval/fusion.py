@@ -55,7 +55,7 @@ class Signals:
     query: str
     session_id: str | None
     tags: tuple[str, ...]
-    filters: object  # a tinycontext.filters.Filters
+    filters: object  # a tinycontext.retrieval.filters.Filters
     depth: int
     bm25: tuple[tuple[int, float], ...] | None
     dense: tuple[tuple[int, float], ...] | None

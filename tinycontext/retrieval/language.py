@@ -20,12 +20,8 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import TYPE_CHECKING
 
-from .retrieval import fts_query
-
-if TYPE_CHECKING:
-    from .store import Store
+from .fusion import fts_query
 
 TOKENIZERS = {
     "porter": "porter unicode61 remove_diacritics 2",
@@ -38,7 +34,7 @@ MAX_TERMS = 64
 _TOKENIZE = re.compile(r"tokenize\s*=\s*'([^']*)'", re.IGNORECASE)
 
 
-def current_tokenizer(store: "Store") -> str:
+def current_tokenizer(store) -> str:
     return store.get_meta(META_KEY) or DEFAULT_TOKENIZER
 
 
@@ -47,7 +43,7 @@ def _stale_tables(rows: list, spec: str) -> list[tuple[str, str]]:
     return [(name, sql) for name, sql in rows if (m := _TOKENIZE.search(sql)) is None or m.group(1) != spec]
 
 
-def set_tokenizer(store: "Store", name: str) -> bool:
+def set_tokenizer(store, name: str) -> bool:
     """Rebuild the FTS tables (``memories_fts``, ``episodes_fts``) whose definition does not use
     tokenizer ``name``; True if any was rebuilt. Each table's own definition is the record, so a
     database switched before episodes followed the setting is repaired, and re-running changes nothing."""

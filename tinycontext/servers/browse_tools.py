@@ -1,5 +1,5 @@
 """Browsing and housekeeping over MCP (``register``) and REST (``router``): thin adapters over
-:mod:`tinycontext.browse` through the engine."""
+:mod:`tinycontext.memory.browse` through the engine."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import anyio
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..browse import MAX_LIST_LIMIT, ORDERS
+from ..memory.browse import MAX_LIST_LIMIT, ORDERS
 from ..config import TinyContextConfig
-from ..engine import MemoryEngine, get_engine
+from ..memory.engine import MemoryEngine, get_engine
+from .tool_results import error_result
 from ..errors import TinyContextError
-from ..filters import FilterSpec
-from ..render import DETAILS, Page, plural, to_json
+from ..retrieval.filters import FilterSpec
+from ..budget.render import DETAILS, Page, plural, to_json
 
 Order = Literal[tuple(ORDERS)]  # type: ignore[valid-type]
 FILTERS_HELP = "tags_any, tags_all, metadata equality, created_at/updated_at ranges ({gte, gt, lte, lt})."
@@ -36,7 +37,6 @@ def render_delete(result: dict) -> str:
 
 def register(server, config: TinyContextConfig) -> None:
     """Add list_memories, list_sessions and delete_memories to the MCP ``server``."""
-    from .mcp_server import error_result
 
     async def run(work: Callable[[MemoryEngine], Any]):
         return await anyio.to_thread.run_sync(lambda: work(get_engine(config)))
