@@ -16,8 +16,9 @@ COPY pyproject.toml ./
 RUN --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
     && python3 -m venv /opt/venv \
-    && python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + [d for d in p['optional-dependencies']['http'] if not d.startswith('httpx')]))" > requirements.txt \
+    && python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; x = p['optional-dependencies']; \
+extra = lambda n: [e for d in x[n] for e in (extra(d[12:-1]) if d.startswith('tinycontext[') else [d])]; \
+print('\n'.join(p['dependencies'] + sorted(set(extra('server')))))" > requirements.txt \
     && /opt/venv/bin/pip install --quiet -r requirements.txt
 COPY README.md LICENSE NOTICE ./
 COPY tinycontext ./tinycontext

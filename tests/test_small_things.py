@@ -43,11 +43,11 @@ def test_null_tags_or_metadata_are_invalid_input(env, capsys, monkeypatch, hash_
     assert hash_engine.stats()["memories"] == 0
 
 
-def test_serve_rest_without_the_http_extra(env, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "fastapi", None)  # as if `pip install tinycontext` without [http]
+def test_serve_rest_without_the_server_extra(env, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # as if `pip install tinycontext` without [server]
     monkeypatch.delitem(sys.modules, "tinycontext.servers.fastapi_server", raising=False)
     code, out, err = run(capsys, "serve", "--rest", "--port", "0")
-    assert code == 1 and err.startswith("missing_extra: ") and "pip install 'tinycontext[http]'" in err
+    assert code == 1 and err.startswith("missing_extra: ") and "pip install 'tinycontext[server]'" in err
 
 
 def test_rest_schema_errors_are_422(hash_engine):

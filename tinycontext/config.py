@@ -24,6 +24,8 @@ APP_NAME = "tinycontext"
 ENV_PREFIX = "TINYCONTEXT_"
 CONFIG_PATH_ENV = "TINYCONTEXT_CONFIG_PATH"
 CONFIG_FILE_NAME = "context_config.json"
+# MCP transports `tinycontext serve` offers (MCP_TRANSPORT); here so the CLI can list them without the server extra.
+TRANSPORTS: tuple[str, ...] = ("stdio", "sse", "streamable-http")
 
 
 def default_db_path() -> Path:
@@ -47,12 +49,12 @@ class TinyContextConfig(BaseModel):
     models_dir: Path = Field(default_factory=default_models_dir)
     embedding_model: str = "fast"
     embedding_batch_size: int = Field(32, ge=1, le=1024)
-    # Where vectors come from (tinycontext/models): "onnx" (embedding_model is a bundled/hub model),
-    # "openai" (/v1/embeddings) or "ollama" (/api/embed) at embedding_url (embedding_model is the
-    # server's model name), or a registered/entry-point backend.
     # FTS5 tokenizer (tinycontext/retrieval/language.py): "porter" (English stemming), "unicode61" (no stemming,
     # other languages), "trigram" (substrings: Chinese, Japanese, compounds). Changing it rebuilds the index on open.
     fts_tokenizer: Literal["porter", "unicode61", "trigram"] = "porter"
+    # Where vectors come from (tinycontext/models): "onnx" (embedding_model is a bundled/hub model),
+    # "openai" (/v1/embeddings) or "ollama" (/api/embed) at embedding_url (embedding_model is the
+    # server's model name), or a registered/entry-point backend.
     # "none": no model, keyword-only (BM25) search; vectors are filled in by `tinycontext reindex` later.
     embedding_backend: str = "onnx"
     # When the model cannot be loaded: run keyword-only instead of failing with model_unavailable.
@@ -80,7 +82,7 @@ class TinyContextConfig(BaseModel):
     recall_candidates: int = Field(100, ge=1, le=10_000)
     encoding_name: str = "o200k_base"
     recall_dense_weight: float = Field(0.5, ge=0.0, le=1.0)
-    # k=10 beat the customary 60 on SciFact train (0.727 vs 0.718 nDCG@10) and LoCoMo (R@10 0.65 vs 0.60).
+    # k=10, not the customary 60: it won on SciFact train and LoCoMo (notes/design_figures.md).
     recall_rrf_k: float = Field(10, gt=0)
     # Relevance floor: memories with no lexical match and a dense cosine below this are not returned (0: off);
     # chosen from scripts/tune_floor.py's sweep (notes/relevance_floor.md) for all-MiniLM-L6-v2. Unset, a model

@@ -18,7 +18,7 @@ from io import TextIOWrapper
 from pathlib import Path
 
 from .. import __version__
-from ..config import TinyContextConfig, load_config
+from ..config import TRANSPORTS, TinyContextConfig, load_config
 from ..memory.engine import MemoryEngine
 from ..errors import InvalidInputError, ModelUnavailableError, StorageError, TinyContextError
 from ..budget.render import DETAILS, memory_block, one_line, plural, to_json
@@ -421,8 +421,6 @@ def reindex(args):
 
 
 def _serve_args(parser):
-    from ..servers.http import TRANSPORTS
-
     parser.add_argument("--host", help="address to listen on (default: $MCP_HOST or 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default: $MCP_PORT or 8765)")
     parser.add_argument("--transport", choices=TRANSPORTS, help="MCP transport (default: $MCP_TRANSPORT or streamable-http)")

@@ -50,8 +50,8 @@ PRESELECT = 10_000
 HAMMING_SLICE = 65_536
 
 # Products run on one BLAS thread: OpenBLAS workers keep spinning after a multi-threaded product
-# and starve the ONNX query embedding that runs next (10k recall with a fresh query: 40 ms against
-# 22 ms on 2 cores), while a product this size is bound by memory bandwidth anyway.
+# and starve the ONNX query embedding that runs next (notes/design_figures.md), while a product
+# this size is bound by memory bandwidth anyway.
 _BLAS = ThreadpoolController().select(user_api="blas")
 _BLAS_LOCK = threading.Lock()  # limit() sets a process-wide value and restores it: one at a time
 

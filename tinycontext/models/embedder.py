@@ -25,8 +25,8 @@ from .checksum import file_sha256
 
 Kind = Literal["query", "document"]
 POOLINGS = ("mean", "cls", "graph", "static")
-# Padded tokens per ONNX batch. Small batches run faster on CPU (cache-sized matrices, less padding):
-# short texts went 72 -> ~120 texts/s going from 4096 to 512 here; long documents are unaffected.
+# Padded tokens per ONNX batch. Small batches run faster on CPU (cache-sized matrices, less padding;
+# notes/design_figures.md); long documents are unaffected.
 MAX_BATCH_TOKENS = 512
 # ONNX graph rewrites left out: on this CPU kernel the fused SkipLayerNormalization runs slower than
 # the Add + LayerNormalization it replaces (scripts/bench_embed.py, notes/bench_embed.md).

@@ -64,7 +64,7 @@ class RemoteEmbedder:
         try:
             import httpx
         except ImportError as exc:
-            raise MissingExtraError("The embedding server backends need httpx: pip install 'tinycontext[http]'.") from exc
+            raise MissingExtraError("The embedding server backends need httpx: pip install 'tinycontext[remote]'.") from exc
         if wire not in PATHS:
             raise ModelUnavailableError(f"Unknown embedding wire format {wire!r}; use openai or ollama.")
         self.url, self.wire, self.requested_model = endpoint(url, wire), wire, model

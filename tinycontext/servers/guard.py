@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..config import TRANSPORTS
 from ..errors import ConfigError
 
 TOKEN_ENV = "TINYCONTEXT_API_TOKEN"
@@ -37,7 +38,6 @@ MIN_TOKEN_CHARS = 24
 MAX_BODY_BYTES = 2 * 1024 * 1024
 DEFAULT_PORT = 8765
 Transport = Literal["stdio", "sse", "streamable-http"]
-TRANSPORTS: tuple[str, ...] = ("stdio", "sse", "streamable-http")
 # Headers a browser client needs for MCP over HTTP (session id and protocol version travel as headers).
 CORS_HEADERS = ["Authorization", "Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID"]
 CORS_METHODS = ["GET", "POST", "DELETE", "OPTIONS"]

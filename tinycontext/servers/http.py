@@ -57,7 +57,7 @@ def rest_app(settings: ServeSettings, config: TinyContextConfig | None = None) -
     try:
         from .fastapi_server import create_app
     except ImportError as exc:
-        raise MissingExtraError(f"The REST API needs FastAPI ({exc.name} is missing): pip install 'tinycontext[http]'.") from exc
+        raise MissingExtraError(f"The REST API needs FastAPI ({exc.name} is missing): pip install 'tinycontext[server]'.") from exc
 
     return create_app(config, settings=settings)
 

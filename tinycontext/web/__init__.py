@@ -6,6 +6,13 @@ within one token budget; ``current_datetime()`` tells the time. Async variants: 
 ``ascrape_urls``.
 """
 
+from ..errors import MissingExtraError
+
+try:  # the web extra: a core install says which pip command brings it
+    import httpx, lxml, pypdf, trafilatura  # noqa: F401, E401
+except ImportError as exc:
+    raise MissingExtraError(f"The web tools need {exc.name}: pip install 'tinycontext[web]'") from exc
+
 from .clock import current_datetime
 from .fetch import Fetcher, FetchResult, HttpFetcher
 from .guard import BlockedURLError, Decision, Guard, GuardedTransport, classify, decide
