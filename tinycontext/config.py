@@ -45,6 +45,10 @@ class TinyContextConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    def __hash__(self) -> int:
+        # Frozen configs are hashable; the per-role request fields are dicts, so hash the JSON form.
+        return hash(json.dumps(self.model_dump(mode="json"), sort_keys=True, default=str))
+
     memory_db_path: Path = Field(default_factory=default_db_path)
     models_dir: Path = Field(default_factory=default_models_dir)
     embedding_model: str = "fast"
