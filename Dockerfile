@@ -4,7 +4,9 @@
 #   docker build -t tinycontext .
 #   docker build -t tinycontext --build-arg BASE_IMAGE=my-debian-python --secret id=ca,src=/path/ca.pem .
 #
-# BASE_IMAGE: any Debian-like image with python3 >= 3.11 and its venv module. The optional `ca`
+# BASE_IMAGE: any Debian-like image with python3 >= 3.11 and its venv module: python:3.12-slim, or a plain
+# Debian made with `debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates` and
+# `docker import` (scripts/docker_smoke.sh does that); the venv's own pip is used as it ships. The optional `ca`
 # secret is a CA bundle for pip behind a TLS-inspecting proxy; it is used by pip only, never stored.
 ARG BASE_IMAGE=python:3.12-slim
 

@@ -45,10 +45,15 @@ def latency_summary(ms: list[float]) -> dict[str, float]:
     return {"recall_p50_ms": float(p50), "recall_p95_ms": float(p95), "recall_p99_ms": float(p99), "recall_mean_ms": float(arr.mean())}
 
 
-def token_summary(returned: list[int], naive: list[int]) -> dict[str, float]:
+def token_summary(returned: list[int], naive: list[int], schema_tokens: int = 0) -> dict[str, float]:
+    """Mean tokens of the answers and of the naive baseline; ``schema_tokens`` (the MCP tool definitions every
+    request also carries) gives the per-request cost an agent pays, schema + answer."""
     total_returned, total_naive = float(sum(returned)), float(sum(naive))
+    mean_returned = total_returned / len(returned) if returned else 0.0
     return {
-        "tokens_returned": total_returned / len(returned) if returned else 0.0,
+        "tokens_returned": mean_returned,
+        "schema_tokens": float(schema_tokens),
+        "tokens_per_request": schema_tokens + mean_returned,
         "tokens_naive": total_naive / len(naive) if naive else 0.0,
         # Percent of the naive dump's tokens the agent does not have to read.
         "token_savings": 100.0 * (1.0 - total_returned / total_naive) if total_naive else 0.0,

@@ -131,14 +131,15 @@ def score(per_query: pd.DataFrame, runs: dict[str, str], qrels: dict[str, str]) 
     return out
 
 
-def summarise(per_query: pd.DataFrame, latency: dict) -> dict:
-    """Every summary figure of a job's row, from its per-query values and its timing passes."""
+def summarise(per_query: pd.DataFrame, latency: dict, schema_tokens: float = 0) -> dict:
+    """Every summary figure of a job's row, from its per-query values and its timing passes
+    (``schema_tokens``: the MCP tool definitions every request carries, a fact of the config)."""
     tune, test = per_query[per_query["tune"].astype(bool)], per_query[per_query["test"].astype(bool)]
     row: dict = {}
     for prefix, part in (("", test), ("tune_", tune)):
         for name in QUALITY:
             row.update({f"{prefix}{k}": v for k, v in summary(part[name].to_numpy(), name).items()})
-    row.update(token_summary(test["tokens_returned"].tolist(), test["tokens_naive"].tolist()))
+    row.update(token_summary(test["tokens_returned"].tolist(), test["tokens_naive"].tolist(), schema_tokens))
     row.update(latency_figures(latency))
     if "category" in test:
         for category, part in test.groupby("category"):
@@ -188,7 +189,7 @@ def derive(record: dict, per_query: pd.DataFrame, runs: dict[str, str], qrels: d
                 q = per_query["query_id"].iloc[bad[0]]
                 raise TamperedError(f"{where}: per-query {name} of query {q} is {stored[bad[0]]:.6g}, but its run file "
                                     f"and qrels give {scored[name].iloc[bad[0]]:.6g}.", where=where)
-    derived = summarise(scored, record.get("latency", {}))
+    derived = summarise(scored, record.get("latency", {}), record["row"].get("schema_tokens", 0))
     row = dict(record["row"])
     for key, value in derived.items():
         if key in row and not _same(row[key], value):

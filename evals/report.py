@@ -34,7 +34,8 @@ KEY_COLUMNS = ["dataset", "embedder", "pooling", "query_prefix", "document_prefi
                "top_k", "candidates", "max_tokens"]
 RESULT_COLUMNS = ["tune_ndcg@10", "ndcg@10", "ndcg@10_ci_low", "ndcg@10_ci_high", "recall@5", "recall@10", "recall@10_ci_low",
                   "recall@10_ci_high", "recall@100", "mrr@10", "budget_recall", "recall_p50_ms", "recall_p95_ms",
-                  "recall_p99_ms", "peak_rss_mb", "index_docs_per_s", "tokens_returned", "tokens_naive", "token_savings"]
+                  "recall_p99_ms", "peak_rss_mb", "index_docs_per_s", "tokens_returned", "tokens_per_request", "tokens_naive",
+                  "token_savings"]
 SWEEPABLE = ["embedder", "pooling", "query_prefix", "document_prefix", "dense_weight", "rrf_k", "top_k",
              "candidates", "max_tokens"]
 STAT_COLUMNS = ["is_best", "tied_with_best", "equivalent_to_best", "p_vs_best", "p_vs_best_holm", "tost_vs_best",
@@ -456,13 +457,14 @@ def _dataset_section(name: str, part: pd.DataFrame, per_query: pd.DataFrame, met
     lines.append("")
     shown = [c for c in ["job", *axes, f"tune_{metric}", f"tune_{metric}_ci_low", f"tune_{metric}_ci_high", metric,
                          f"{metric}_ci_low", f"{metric}_ci_high", "recall@5", "recall@10", "budget_recall", "tokens_returned",
-                         "tokens_naive", "recall_p50_ms", "recall_p95_ms", "recall_p95_ms_ci_low", "recall_p95_ms_ci_high",
-                         "latency_flagged", "peak_rss_mb", "model_mb", "p_vs_default_holm", "p_vs_best_holm", "tied_with_best",
-                         "tost_vs_best_holm", "equivalent_to_best"] if c in part]
+                         "tokens_per_request", "tokens_naive", "recall_p50_ms", "recall_p95_ms", "recall_p95_ms_ci_low",
+                         "recall_p95_ms_ci_high", "latency_flagged", "peak_rss_mb", "model_mb", "p_vs_default_holm",
+                         "p_vs_best_holm", "tied_with_best", "tost_vs_best_holm", "equivalent_to_best"] if c in part]
     shown = list(dict.fromkeys(shown))
     lines += [_markdown(part.sort_values(f"tune_{metric}", ascending=False)[shown]), "",
               "Budget cost: `recall@10` is R@10 of the unlimited ranking, `budget_recall` what fits the token budget "
-              "(top_k, max_tokens); `tokens_naive` is the fixed baseline (BM25's top 10 in full, or the whole conversation).", ""]
+              "(top_k, max_tokens); `tokens_per_request` adds the MCP tool definitions every request carries "
+              "(`schema_tokens`, the `tools` profile); `tokens_naive` is the fixed baseline (BM25's top 10 in full, or the whole conversation).", ""]
     lines += _category_table(part, list(dict.fromkeys([pick["job"], *([default] if default else [])])))
     return lines
 

@@ -30,7 +30,7 @@ from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from tinycontext import ConfigError, MemoryEngine, Signals, TinyContextConfig
+from tinycontext import ConfigError, MemoryEngine, Signals, TinyContextConfig, tool_schema_tokens
 
 from . import datasets as dataset_module
 from .datasets import EvalDataset
@@ -463,7 +463,7 @@ def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = (), swe
         "max_tokens": max_tokens, **_flat("engine", engine_settings), **_flat("recall", _overrides(r.get("kwargs"))),
         "is_default": is_default(cfg, engine_settings), "tuned_on_test": tuned_on_test,
         "tune_split": dataset.tune_split, "test_split": dataset.test_split, "cross_validate": dataset.cross_validate,
-        **summarise(per_query, latency),
+        **summarise(per_query, latency, tool_schema_tokens(TinyContextConfig(memory_db_path=db, **engine_settings))),
         **cost, "model_mb": model.facts["model_mb"],
         "index_build_seconds": index["build_seconds"], "index_reused": index["reused"], "index_embedded": index["embedded"],
         "docs": index["docs"], "memories": index["memories"],

@@ -11,11 +11,14 @@
 #   CA_BUNDLE   CA bundle handed to pip in the build as a BuildKit secret; defaults to PIP_CERT,
 #               REQUESTS_CA_BUNDLE or SSL_CERT_FILE when one of them names a file.
 #   KEEP=1      keep the containers, volumes and temporary files for inspection.
+#   QUICK=1     only build the image and check that it serves MCP (save, recall, token) in a container
+#               with no network at all (--network none: its own loopback); no compose, no published ports.
+#   PY          the Python that runs the MCP SDK client and small helpers (default: .venv/bin/python).
 # Exits 0 when every check passed; prints a timed summary either way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-PY=$ROOT/.venv/bin/python
+PY=${PY:-$ROOT/.venv/bin/python}
 CLIENT=$ROOT/scripts/docker_smoke_client.py
 IMAGE=tinycontext:latest
 export COMPOSE_PROJECT_NAME=tcsmoke$$
@@ -55,7 +58,7 @@ trap cleanup EXIT
 [ -x "$PY" ] || die "no $PY: run bash scripts/setup.sh first (the MCP SDK client runs from it)"
 missing=()
 command -v dockerd >/dev/null || missing+=(docker.io)
-command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || missing+=(docker-compose)
+[ -n "${QUICK:-}" ] || command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || missing+=(docker-compose)
 [ -n "${BASE_IMAGE:-}" ] || command -v debootstrap >/dev/null || missing+=(debootstrap)
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]} with apt-get"
@@ -86,7 +89,11 @@ else
     done
 fi
 [ ${#BUILD[@]} -gt 0 ] || die "no docker client here builds with BuildKit (install docker-buildx or docker.io)"
-note "docker: server $(command docker version -f '{{.Server.Version}}'), compose: $(compose version --short 2>/dev/null || compose version | head -1)"
+if [ -n "${QUICK:-}" ]; then
+    note "docker: server $(command docker version -f '{{.Server.Version}}') (QUICK=1: no compose)"
+else
+    note "docker: server $(command docker version -f '{{.Server.Version}}'), compose: $(compose version --short 2>/dev/null || compose version | head -1)"
+fi
 
 # -- base image and build ---------------------------------------------------------------------
 if [ -z "${BASE_IMAGE:-}" ]; then
@@ -124,6 +131,24 @@ note "image built in $((SECONDS - t0))s; size $(command docker image inspect -f 
 user=$(command docker run --rm --entrypoint id "$IMAGE" -u)
 [ "$user" != 0 ] && pass "image runs as uid $user (not root); USER $(command docker image inspect -f '{{.Config.User}}' "$IMAGE")" \
     || fail "image runs as root"
+
+# -- the image serves MCP in a container that has no network at all, only its own loopback ---------
+NONET=${COMPOSE_PROJECT_NAME}_nonet
+NONET_TOKEN=$("$PY" -c 'import secrets; print(secrets.token_urlsafe(32))')
+t0=$SECONDS
+command docker run -d --name "$NONET" --network none -e TINYCONTEXT_API_TOKEN="$NONET_TOKEN" "$IMAGE" >/dev/null
+until command docker exec "$NONET" python -m tinycontext.servers.health >"$WORK/nonet_health.json" 2>&1; do
+    [ "$(command docker inspect -f '{{.State.Status}}' "$NONET")" = running ] \
+        || die "the container exited before serving: $(command docker logs --tail 20 "$NONET" 2>&1)"
+    [ $((SECONDS - t0)) -lt 180 ] || die "no /health answer after 180 s: $(command docker logs --tail 20 "$NONET" 2>&1)"
+    sleep 0.5
+done
+note "--network none: /health answers inside the container after $((SECONDS - t0))s: $(cat "$WORK/nonet_health.json")"
+command docker exec -i "$NONET" python - basic --mcp http://127.0.0.1:8765/mcp --token "$NONET_TOKEN" <"$CLIENT" >"$WORK/nonet.json" 2>&1 \
+    && pass "--network none: MCP save/recall and the token check inside the container: $(cat "$WORK/nonet.json")" \
+    || fail "--network none: MCP inside the container: $(cat "$WORK/nonet.json")"
+command docker rm -f "$NONET" >/dev/null
+[ -z "${QUICK:-}" ] || exit 0
 
 # -- README's commands, verbatim ----------------------------------------------------------------
 export MCP_PUBLISH_PORT=$(free_port) REST_PUBLISH_PORT=$(free_port)

@@ -40,7 +40,8 @@ def questions(path: str, depth: int, floor: float):
     the rrf fusion's ranking)."""
     c = np.load(path, allow_pickle=False)
     ids = c["ids"]
-    info = {int(i): (int(e), str(s) or None, len(str(t))) for i, e, s, t in zip(ids, c["episode"], c["speaker"], c["content"])}
+    info = {int(i): (int(e), str(s) or None) for i, e, s in zip(ids, c["episode"], c["speaker"])}
+    chars = {int(i): len(str(t)) for i, t in zip(ids, c["content"])}
     evidence_ids = [set(ids[row].tolist()) for row in c["evid"]]
     out = []
     for j, question in enumerate(c["questions"]):
@@ -55,7 +56,7 @@ def questions(path: str, depth: int, floor: float):
                                   speaker_boost=0.5, expand=True)
         total = len(evidence_ids[j]) + int(c["missing"][j])
         out.append((int(c["cats"][j]), np.array([p.id for p in pool]), np.array(rows), np.array([p.id in evidence_ids[j] for p in pool]),
-                    total, [p.id for p in rrf], evidence_ids[j]))
+                    total, [p.id for p in rrf], evidence_ids[j], chars))
     return out
 
 
@@ -86,11 +87,11 @@ def fit(features: list[np.ndarray], targets: list[np.ndarray], l2: float) -> np.
 
 
 def recall_rows(qs, orders) -> np.ndarray:
-    """(category, R@5, R@10, R@100) per question."""
+    """(category, R@5, R@10, R@100, characters of the top 10) per question."""
     rows = []
     for q, order in zip(qs, orders):
         found = np.array([i in q[6] for i in order], bool)
-        rows.append((q[0], *(found[:k].sum() / q[4] for k in (5, 10, 100))))
+        rows.append((q[0], *(found[:k].sum() / q[4] for k in (5, 10, 100)), sum(q[7][i] for i in order[:10])))
     return np.array(rows)
 
 
@@ -100,7 +101,7 @@ def learned_order(q, weights) -> list[int]:
 
 
 def describe(rows: np.ndarray) -> dict:
-    out = {"R@5": rows[:, 1].mean(), "R@10": rows[:, 2].mean(), "R@100": rows[:, 3].mean()}
+    out = {"R@5": rows[:, 1].mean(), "R@10": rows[:, 2].mean(), "R@100": rows[:, 3].mean(), "top-10 characters": rows[:, 4].mean()}
     for cat in CATEGORIES:
         mask = rows[:, 0] == cat
         out[f"cat{cat} R@10"] = rows[mask, 2].mean()
@@ -120,8 +121,13 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=100)
     parser.add_argument("--floor", type=float, default=0.3)
     parser.add_argument("--l2", type=float, default=1e-3)
+    parser.add_argument("--without", nargs="*", default=[], choices=conversation.FUSION_FEATURES, help="features fitted with weight 0")
     args = parser.parse_args()
     convs = [questions(path, args.depth, args.floor) for path in sorted(glob.glob(f"{args.workdir}/signals-*.npz"))]
+    off = [conversation.FUSION_FEATURES.index(name) for name in args.without]
+    for conv in convs:
+        for q in conv:
+            q[2][:, off] = 0.0
     every = [q for conv in convs for q in conv]
     rrf = recall_rows(every, [q[5] for q in every])
     held = []
@@ -138,7 +144,7 @@ def main() -> None:
     # Candidate recall: evidence among the turns the learned fusion ranks (candidates and their neighbours).
     pool = np.array([(q[0], q[3].sum() / q[4]) for q in every])
     print(json.dumps({
-        "questions": len(every),
+        "questions": len(every), "without": args.without,
         "candidate_recall": {"all": round(float(pool[:, 1].mean()), 4),
                              **{f"cat{c}": round(float(pool[pool[:, 0] == c, 1].mean()), 4) for c in CATEGORIES},
                              "mean_pool": round(float(np.mean([len(q[1]) for q in every])), 1)},

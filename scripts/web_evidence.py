@@ -10,10 +10,16 @@ the shared budget renderer):
 - ``scifact``: each SciFact test claim scrapes a journal-issue page of abstracts: its relevant
   abstracts among the corpus abstracts that BM25 ranks closest to the claim (hard distractors),
   each with a related-articles box; the gold evidence is the relevant abstracts' sentences.
+- ``real``: real pages of public web-extraction benchmarks (``tests/fixtures/web/real``, see its
+  README.md for sources and licences) served as they were saved; each question's answer is one
+  passage deep in the page (offsets into the page's text); split by page into dev and test.
 
-Evidence recall of an answer = the share of gold units whose text appears in what the agent
-receives. Compared: our answer at each budget, the whole extracted page, and its first 5,000
-characters (what the reference fetch MCP server returns by default). Tokens are those of the text
+Evidence recall of an answer (locomo, scifact) = the share of gold units whose text appears in what
+the agent receives. Passage recall (real) = the share of questions whose gold passage comes back
+with at least 80% of its words inside one window (one passage of the answer: a cut passage whose
+halves come back apart does not count). Compared: our answer at each budget, the whole extracted page, its first 5,000
+characters (what the reference fetch MCP server returns by default), and a plain BM25 paragraph
+picker (the page's paragraphs by FTS5 BM25, whole, until the budget is full). Tokens are those of the text
 the agent reads. ``python scripts/web_evidence.py [overrides]`` (Hydra config ``conf/web_evidence.yaml``)
 writes results.csv, results.json, per_query.csv, report.md and plots/web_evidence.png to the Hydra output directory.
 It lives in scripts/ because it drives tinycontext.web's internals (fetch, rank, fit) separately,
@@ -31,6 +37,7 @@ import random
 import re
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +54,7 @@ from tinycontext.web.chunk import SENTENCE_END
 from tinycontext.web.extract import extract_page
 from tinycontext.web.fetch import HttpFetcher
 from tinycontext.web.present import scrape_page
+from tinycontext.web.rank import bm25_ranking
 from tinycontext.web.pages import ScrapeItem
 from tinycontext.web.scrape import afetch_and_rank, embedder_for
 
@@ -57,6 +65,9 @@ from evals.report import _markdown as markdown_table
 log = logging.getLogger("web_evidence")
 _NORM = re.compile(r"[\W_]+", re.UNICODE)
 FETCH_BASELINE_CHARS = 5000
+PASSAGE_WORDS = 0.8  # a gold passage counts when this share of its words comes back inside one window
+_WORD = re.compile(r"\w+", re.UNICODE)
+REAL_PAGES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "web" / "real"
 # dev: tune on (LoCoMo: its dev conversations; SciFact: train claims); test: report (the other
 # conversations; test claims); all: every conversation and the test claims.
 SPLITS = ("dev", "test", "all")
@@ -71,7 +82,7 @@ class Question:
     qid: str
     query: str
     url_path: str
-    evidence: list[str]  # gold units: text that must reach the agent
+    evidence: list[str]  # gold units: text that must reach the agent (real: the one gold passage)
 
 
 @dataclass
@@ -79,6 +90,7 @@ class Site:
     name: str
     pages: dict[str, bytes]  # path -> HTML
     questions: list[Question]
+    scoring: str = "units"  # units: evidence recall; passage: the gold passage whole in one window
 
 
 # -- site chrome ------------------------------------------------------------------------------------
@@ -185,7 +197,49 @@ def scifact_site(path: Path, abstracts_per_page: int, limit: int | None, seed: i
     return Site("scifact", pages, questions)
 
 
+# -- real pages: saved pages of public extraction benchmarks, hand-written questions -----------------
+
+
+def real_site(root: Path, split: str) -> Site:
+    """The saved pages of ``root`` (pages/<name>.html.gz) and the questions of ``split`` (dev, test, all)."""
+    import gzip
+
+    questions = [json.loads(line) for line in (root / "questions.jsonl").read_text(encoding="utf-8").splitlines()]
+    chosen = [q for q in questions if split == "all" or q["split"] == split]
+    pages = {f"/real/{name}.html": gzip.decompress((root / "pages" / f"{name}.html.gz").read_bytes())
+             for name in sorted({q["page"] for q in chosen})}
+    return Site("real", pages, [Question(q["qid"], q["query"], f"/real/{q['page']}.html", [q["passage"]])
+                                for q in chosen], scoring="passage")
+
+
 # -- scoring -----------------------------------------------------------------------------------------
+
+
+def words(text: str) -> Counter:
+    return Counter(_WORD.findall(text.lower()))
+
+
+def passage_share(passage: str, windows: list[str]) -> float:
+    """The largest share of ``passage``'s words (with repeats) that one window holds."""
+    gold = words(passage)
+    total = sum(gold.values())
+    if not total:
+        return 0.0
+    return max((sum((gold & words(w)).values()) / total for w in windows), default=0.0)
+
+
+def bm25_paragraphs(query: str, markdown: str, budget: int, counter: TokenCounter) -> list[str]:
+    """The reference picker: the page's paragraphs (blank-line separated) best BM25 first, each whole, while
+    they fit ``budget`` tokens joined by blank lines; shown in page order."""
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", markdown) if p.strip()]
+    costs = counter.count_many(paragraphs) if paragraphs else []
+    chosen, used = [], 0
+    for i, _ in bm25_ranking(query, paragraphs):
+        cost = costs[i] + (2 if chosen else 0)
+        if used + cost <= budget:
+            chosen.append(i)
+            used += cost
+    return [paragraphs[i] for i in sorted(chosen)]
 
 
 def evidence_recall(evidence: list[str], received: str) -> float:
@@ -212,14 +266,25 @@ async def evaluate(site: Site, base_url: str, budgets: list[int], config: TinyCo
                 whole_pages[q.url_path] = extract_page(page.fetch).markdown
             markdown = whole_pages[q.url_path]
             base = {"dataset": site.name, "qid": q.qid, "evidence_units": len(q.evidence), "fetch_rank_ms": rank_ms}
+
+            def score(text: str, windows: list[str]) -> dict:
+                if site.scoring == "passage":
+                    share = passage_share(q.evidence[0], windows)
+                    return {"recall": float(share >= PASSAGE_WORDS), "words": share}
+                return {"recall": evidence_recall(q.evidence, text)}
+
             for method, text in (("whole page", markdown), ("first 5,000 chars", markdown[:FETCH_BASELINE_CHARS])):
-                rows.append({**base, "method": method, "budget": None, "tokens": counter.count(text),
-                             "recall": evidence_recall(q.evidence, text)})
+                rows.append({**base, "method": method, "budget": None, "tokens": counter.count(text), **score(text, [text])})
             for budget in budgets:
                 fitted = scrape_page([page], max_tokens=budget, counter=counter,
                                      links_max_tokens=config.scrape_links_max_tokens, order=order)
+                windows = [p["text"] for r in fitted.structured["results"] for p in r.get("passages", [])]
                 rows.append({**base, "method": "scrape_urls", "budget": budget, "tokens": fitted.text_tokens,
-                             "structured_tokens": fitted.structured_tokens, "recall": evidence_recall(q.evidence, fitted.text)})
+                             "structured_tokens": fitted.structured_tokens, **score(fitted.text, windows)})
+                picked = bm25_paragraphs(q.query, markdown, budget, counter)
+                text = "\n\n".join(picked)
+                rows.append({**base, "method": "BM25 paragraphs", "budget": budget, "tokens": counter.count(text),
+                             **score(text, picked)})
     finally:
         await fetcher.aclose()
     return rows
@@ -234,7 +299,9 @@ def summarise(rows: list[dict]) -> list[dict]:
     for (dataset, method, budget), group in df.groupby(["dataset", "method", "budget"], sort=False):
         whole = df[(df.dataset == dataset) & (df.method == "whole page")]
         out.append({"dataset": dataset, "method": method, "budget": int(budget) or "", "questions": len(group),
-                    "evidence_recall": round(group.recall.mean(), 4), "mean_tokens": round(group.tokens.mean(), 1),
+                    "evidence_recall": round(group.recall.mean(), 4),
+                    **({"passage_words": round(group.words.mean(), 4)} if "words" in group and group.words.notna().all() else {}),
+                    "mean_tokens": round(group.tokens.mean(), 1),
                     "recall_vs_whole": round(group.recall.mean() / whole.recall.mean(), 4),
                     "tokens_vs_whole": round(group.tokens.mean() / whole.tokens.mean(), 4)})
     return out
@@ -257,12 +324,14 @@ def write_report(summary: list[dict], rows: list[dict], out: Path, cfg: DictConf
         part = table[table.dataset == name]
         ours = part[part.method == "scrape_urls"]
         ax.plot(ours.mean_tokens, ours.evidence_recall, "o-", label="scrape_urls (budgets " + ", ".join(map(str, ours.budget)) + ")")
+        picker = part[part.method == "BM25 paragraphs"]
+        ax.plot(picker.mean_tokens, picker.evidence_recall, "x--", label="BM25 paragraph picker")
         for method, marker in (("whole page", "s"), ("first 5,000 chars", "^")):
             row = part[part.method == method]
             ax.plot(row.mean_tokens, row.evidence_recall, marker, markersize=9, label=method)
         ax.set_xscale("log")
         ax.set_xlabel("tokens the agent reads (mean per question, log)")
-        ax.set_ylabel("gold-evidence recall")
+        ax.set_ylabel("gold passages whole in one window" if name == "real" else "gold-evidence recall")
         ax.set_title(f"web evidence: {name}")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
@@ -294,11 +363,13 @@ def main(cfg: DictConfig) -> None:
         conversations = None if split == "all" else list(cfg.locomo[f"{split}_conversations"])
         sites.append(locomo_site(shared / "datasets/locomo/locomo-dev.json", list(cfg.locomo.categories), cfg.locomo.stride,
                                  conversations))
+    if "real" in cfg.datasets:
+        sites.append(real_site(REAL_PAGES, split))
     if "scifact" in cfg.datasets:
         sites.append(scifact_site(shared / "datasets/scifact", cfg.scifact.abstracts_per_page, cfg.scifact.limit, cfg.seed,
                                   "train" if split == "dev" else "test"))
     config = TinyContextConfig(allow_private_hosts=True, embedding_cache_size=cfg.embedding_cache_size,
-                               scrape_chunk_tokens=cfg.chunk_tokens,
+                               scrape_chunk_tokens=cfg.chunk_tokens, scrape_passage_tokens=cfg.passage_tokens,
                                scrape_neighbour_weight=cfg.neighbour_weight, scrape_unit_weight=cfg.unit_weight,
                                scrape_unit_candidates=cfg.unit_candidates,
                                **({"embedding_model": cfg.embedding_model} if cfg.embedding_model else {}))

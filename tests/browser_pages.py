@@ -114,6 +114,7 @@ def server() -> LocalServer:
         "/second": lambda h: send(h, 200, SECOND), "/scroll": lambda h: send(h, 200, SCROLL), "/items": items,
         "/sneaky": lambda h: send(h, 200, sneaky(srv.port)),
         "/hop": redirect(f"http://127.0.0.4:{srv.port}/secret?redirect"),
+        "/hop-tls": redirect(f"https://127.0.0.5:{srv.port}/secret?redirect"),
         "/secret": lambda h: send(h, 200, b"secret", "text/plain"),
         "/set_cookie": set_cookie, "/show_cookie": show_cookie, "/big": big,
     })

@@ -171,7 +171,7 @@ def test_mcp_browse(tmp_path):
     from tinycontext import close_engines
     from tinycontext.servers.mcp_server import build_server
 
-    server = build_server(TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models"))
+    server = build_server(TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", tools="memory,manage"))
 
     async def scenario():
         async with create_connected_server_and_client_session(server._mcp_server) as client:

@@ -235,6 +235,12 @@ def test_private_addresses_are_blocked(site, loopback_only, tmp_path):
                     f"http://[::1]:{site.port}/"):
             with pytest.raises(BlockedURLError):
                 service.call("navigate", "s", url=url)
+        # A top-level redirect to a refused address is a blocked error, not the proxy's refusal page.
+        for path, target in (("/hop", "127.0.0.4"), ("/hop-tls", "127.0.0.5")):
+            for method in ("navigate", "render_html"):
+                with pytest.raises(BlockedURLError, match=target) as refused:
+                    service.call(method, "r", url=site.url(path))
+                assert refused.value.details["reason"] == "loopback"
     finally:
         service.close()
     assert not [r for r in site.requests if r["path"].startswith("/secret")]
@@ -263,7 +269,8 @@ def test_two_mcp_clients_never_share_tabs_or_cookies(site, tmp_path):
     from tinycontext import close_engines
     from tinycontext.servers.http import ServeSettings, background, mcp_app
 
-    config = TinyContextConfig(allow_private_hosts=True, memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models")
+    config = TinyContextConfig(allow_private_hosts=True, memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models",
+                               tools="browser")
 
     async def client(url: str, who: str, out: dict):
         async with httpx.AsyncClient(timeout=60) as http, streamable_http_client(url, http_client=http) as (read, write, _):
@@ -308,7 +315,7 @@ def test_backend_off_removes_the_tools(tmp_path):
     from tinycontext.servers.http import ServeSettings
     from tinycontext.servers.mcp_server import build_server
 
-    off = TinyContextConfig(memory_db_path=tmp_path / "m.db", browser_backend="off")
+    off = TinyContextConfig(memory_db_path=tmp_path / "m.db", browser_backend="off", tools="all")
     on = off.model_copy(update={"browser_backend": "chromium"})
     names = lambda config: {t.name for t in anyio.run(build_server(config).list_tools)}  # noqa: E731
     assert {"browser_navigate", "browser_act"} <= names(on)

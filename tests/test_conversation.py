@@ -189,7 +189,7 @@ def _feature(rows, name):
 def test_fusion_features_read_neighbours_episodes_and_speakers():
     # Episode 10: turns 1-3; episode 20: turns 4-5. Candidates 2 and 4; 3 joins as 2's neighbour, and
     # 1 (before 2) and 5 (after 4) too.
-    info = {1: (10, "Ana", 10), 2: (10, "Ben", 30), 3: (10, "Ana", 5), 4: (20, "Ana", 20), 5: (20, "Ben", 8)}
+    info = {1: (10, "Ana"), 2: (10, "Ben"), 3: (10, "Ana"), 4: (20, "Ana"), 5: (20, "Ben")}
     ranked = [Candidate(2, bm25_rank=1, bm25=4.0, dense_rank=2, dense=0.5, rrf=0.09),
               Candidate(4, bm25_rank=2, bm25=2.0, dense_rank=1, dense=0.7, rrf=0.08)]
     dense = [(4, 0.7), (2, 0.5), (9, 0.2)]
@@ -211,7 +211,7 @@ def test_fusion_features_read_neighbours_episodes_and_speakers():
 
 
 def test_learned_rerank_orders_by_the_weights_and_composes():
-    info = {1: (10, "Ana", 40), 2: (10, "Ben", 40), 3: (20, "Ben", 40)}
+    info = {1: (10, "Ana"), 2: (10, "Ben"), 3: (20, "Ben")}
     ranked = [Candidate(1, bm25_rank=1, bm25=3.0, dense_rank=2, dense=0.4, rrf=0.1),
               Candidate(3, bm25_rank=2, bm25=1.0, dense_rank=1, dense=0.6, rrf=0.09)]
     args = dict(query="q", episode_hits=[], dense_hits=[(3, 0.6), (1, 0.4)])

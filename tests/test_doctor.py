@@ -37,7 +37,7 @@ def test_ready_setup_exits_zero(env, tmp_path):
     report = json.loads(proc.stdout)
     by_name = checks(report)
     assert report["ok"] and all(c["ok"] for c in report["checks"])
-    assert list(by_name) == ["python", "config", "sqlite", "fts5", "sqlite-vec", "model", "embedding", "tokenizer", "database", "browser"]
+    assert list(by_name) == ["python", "config", "sqlite", "fts5", "sqlite-vec", "model", "embedding", "tokenizer", "database", "browser", "mcp tools"]
     assert by_name["sqlite"]["details"]["driver"] == sqlite_driver()[0].__name__
     assert by_name["fts5"]["details"]["available"] is True
     assert by_name["sqlite-vec"]["details"]["version"] == f"v{sqlite_vec.__version__}"
@@ -49,6 +49,11 @@ def test_ready_setup_exits_zero(env, tmp_path):
     assert "TINYCONTEXT_MEMORY_DB_PATH" in by_name["config"]["details"]["sources"]
     # Doctor reports a missing database without creating it.
     assert by_name["database"]["details"] == {"exists": False}
+    # ... and the MCP profile: the tools it lists and what their definitions cost every request.
+    tools = by_name["mcp tools"]
+    assert tools["details"]["tools"] == ["save_memories", "recall_memories"] and tools["details"]["capabilities"] == ["memory"]
+    assert tools["summary"].startswith("profile memory: 2 MCP tools") and "off: manage, web, browser" in tools["summary"]
+    assert 0 < tools["details"]["schema_tokens"] <= 450
     assert not (tmp_path / "db").exists()
 
     text = doctor(env)
@@ -135,3 +140,22 @@ def test_bad_config_file(env, tmp_path, monkeypatch):
     assert not report["ok"] and by_name["config"]["error"]["code"] == "config_error"
     assert by_name["python"]["ok"] and by_name["sqlite"]["ok"]
     assert by_name["model"]["skipped"] and report["paths"]["config_file"] == str(tmp_path / "config.json")
+
+
+def test_foreign_database_and_unknown_variables(env, tmp_path, monkeypatch):
+    """Another application's SQLite file fails the database check (and stays as it was); a misspelled
+    TINYCONTEXT_* variable shows in the config check with the real name (issue 19)."""
+    import sqlite3
+
+    db = Path(env["TINYCONTEXT_MEMORY_DB_PATH"])
+    raw = sqlite3.connect(db)
+    raw.executescript("CREATE TABLE photos(id INTEGER PRIMARY KEY); PRAGMA user_version = 0;")
+    raw.close()
+    before = db.read_bytes()
+    monkeypatch.setenv("TINYCONTEXT_RECAL_TOP_K", "3")
+    report = run_checks()
+    by_name = checks(report)
+    assert not report["ok"] and by_name["database"]["error"]["code"] == "storage_error"
+    assert "another application's SQLite database" in by_name["database"]["summary"] and db.read_bytes() == before
+    assert by_name["config"]["ok"] and "TINYCONTEXT_RECAL_TOP_K (did you mean TINYCONTEXT_RECALL_TOP_K?)" in by_name["config"]["summary"]
+    assert by_name["config"]["details"]["unknown_variables"] == ["TINYCONTEXT_RECAL_TOP_K"]

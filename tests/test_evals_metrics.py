@@ -48,7 +48,10 @@ def test_budget_tokens_latency():
     assert recall_within(["a", "x"], {"a": 2, "b": 1, "c": 0}) == 0.5
     assert recall_within([], {"a": 1}) == 0.0
     tokens = token_summary([100, 300], [1000, 1000])
-    assert tokens == pytest.approx({"tokens_returned": 200.0, "tokens_naive": 1000.0, "token_savings": 80.0})
+    assert tokens == pytest.approx({"tokens_returned": 200.0, "schema_tokens": 0.0, "tokens_per_request": 200.0,
+                                    "tokens_naive": 1000.0, "token_savings": 80.0})
+    # The MCP tool definitions ride on every request: schema + answer is what an agent pays per recall.
+    assert token_summary([100, 300], [1000, 1000], 427)["tokens_per_request"] == pytest.approx(627.0)
     lat = latency_summary([float(i) for i in range(1, 101)])
     assert lat["recall_p50_ms"] == pytest.approx(50.5) and lat["recall_p95_ms"] == pytest.approx(95.05)
     assert lat["recall_p99_ms"] == pytest.approx(99.01)

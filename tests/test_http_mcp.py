@@ -22,7 +22,7 @@ TOOLS = {"save_memories", "recall_memories", "update_memory", "delete_memory", "
 
 @pytest.fixture
 def mcp_config(tmp_path):
-    yield TinyContextConfig(memory_db_path=tmp_path / "memory.db", models_dir=tmp_path / "models")
+    yield TinyContextConfig(memory_db_path=tmp_path / "memory.db", models_dir=tmp_path / "models", tools="memory,manage")
     close_engines()
 
 
@@ -60,8 +60,8 @@ def test_same_tools_as_stdio_and_real_recall_over_http(mcp_config):
     assert home_id not in {m["id"] for m in isolated.structuredContent["memories"]}
     # Nothing in "work" is about a cat: the relevance floor may leave the answer empty, never another session's.
     assert {m["session_id"] for m in isolated.structuredContent["memories"]} <= {"work"}
-    assert missing.isError and missing.structuredContent["error"]["code"] == "memory_not_found"
-    assert budget.isError and budget.structuredContent["error"]["code"] == "recall_budget"
+    assert missing.isError and missing.content[0].text.startswith("memory_not_found: ") and missing.structuredContent is None
+    assert budget.isError and budget.content[0].text.startswith("recall_budget: ") and budget.structuredContent is None
 
 
 def test_token_required_on_mcp_endpoint(mcp_config):

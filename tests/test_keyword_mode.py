@@ -111,4 +111,4 @@ def test_doctor_flags_memories_without_vectors(tmp_path, monkeypatch):
         monkeypatch.delenv(key, raising=False)
     report = run_checks(tmp_path / "c.json")
     database = next(c for c in report["checks"] if c["name"] == "database")
-    assert "1 memories have no vector yet" in database["summary"]
+    assert "1 memory has no vector yet" in database["summary"]

@@ -93,7 +93,7 @@ def test_cli(built, loads, capsys):
 
 def test_mcp_tools(built, unloadable):
     config, (turn, other) = built
-    server = build_server(config)
+    server = build_server(config.model_copy(update={"tools": ("memory", "manage")}))
 
     async def scenario():
         async with create_connected_server_and_client_session(server._mcp_server) as client:

@@ -21,8 +21,7 @@ from tinycontext.servers.mcp_server import build_server
 
 SERVER = [sys.executable, "-m", "tinycontext.cli.commands", "mcp"]
 TOOLS = {"save_memories", "recall_memories", "update_memory", "delete_memory", "get_memory", "list_memories", "list_sessions",
-         "delete_memories",
-         "search", "scrape_urls", "current_datetime"}
+         "delete_memories"}
 LINE = re.compile(r"^- (?P<content>.+) \((?P<date>\d{4}-\d{2}-\d{2})(?P<rest>.*); id (?P<id>\d+)\)$")
 
 
@@ -53,14 +52,14 @@ def test_tools_over_stdio(tmp_path):
     async def scenario(session: ClientSession):
         # -- the tool list tells an agent when and how to use each tool
         tools = {t.name: t for t in (await session.list_tools()).tools}
-        assert TOOLS <= set(tools)  # other capabilities (browser, web) test their own tools
+        assert set(tools) == TOOLS  # the memory and manage capabilities; web and browser test their own tools
         assert "before answering" in tools["recall_memories"].description
         assert "self-contained fact" in tools["save_memories"].description
         assert tools["recall_memories"].annotations.readOnlyHint is True
         assert tools["delete_memory"].annotations.destructiveHint is True
         save_schema = tools["save_memories"].inputSchema
         assert save_schema["required"] == ["memories"]
-        assert save_schema["$defs"]["MemoryInput"]["required"] == ["content"]
+        assert save_schema["properties"]["memories"]["items"]["required"] == ["content"]
         recall_schema = tools["recall_memories"].inputSchema
         assert recall_schema["required"] == ["query"]
         assert {"session_id", "max_tokens", "top_k", "tags", "offset", "detail"} <= set(recall_schema["properties"])
@@ -115,7 +114,7 @@ def test_tools_over_stdio(tmp_path):
         assert not deleted.isError and text(deleted) == f"Deleted id {fly}."
         gone = await session.call_tool("get_memory", {"id": fly})
         assert gone.isError and text(gone).startswith("memory_not_found: ")
-        assert gone.structuredContent["error"]["code"] == "memory_not_found"
+        assert gone.structuredContent is None  # an error carries no content the success outputSchema would refuse
 
         # -- errors are tool results whose text starts with the code
         empty = await session.call_tool("save_memories", {"memories": [{"content": "  "}]})
@@ -134,7 +133,7 @@ def test_tools_over_stdio(tmp_path):
         still = await session.call_tool("recall_memories", {"query": "pnpm package manager"})
         assert still.structuredContent["memories"][0]["id"] == pnpm
 
-    run_session(server_env(tmp_path), scenario)
+    run_session(server_env(tmp_path, TINYCONTEXT_TOOLS="memory,manage"), scenario)
 
 
 def test_model_failure_is_a_tool_error(tmp_path):
@@ -227,7 +226,7 @@ def test_stray_stdout_writes_go_to_stderr(tmp_path):
 
 def test_unexpected_failures_carry_a_code(tmp_path):
     """In process: argument errors and bugs are tool errors starting with invalid_input / internal_error."""
-    server = build_server(TinyContextConfig(memory_db_path=tmp_path / "memory.db", models_dir=tmp_path / "models"))
+    server = build_server(TinyContextConfig(memory_db_path=tmp_path / "memory.db", models_dir=tmp_path / "models", tools="all"))
 
     @server.tool()
     def boom() -> str:
@@ -236,9 +235,9 @@ def test_unexpected_failures_carry_a_code(tmp_path):
     async def main():
         with pytest.raises(ToolError, match=r"^internal_error: RuntimeError: kaput$"):
             await server.call_tool("boom", {})
-        with pytest.raises(ToolError, match=r"^invalid_input: get_memory: id: "):
-            await server.call_tool("get_memory", {"id": "not a number"})
-        with pytest.raises(ToolError, match=r"^invalid_input: Unknown tool"):
+        wrong = await server.call_tool("get_memory", {"id": "not a number"})
+        assert wrong.isError and wrong.content[0].text.startswith("invalid_input: get_memory: id: ")
+        with pytest.raises(ToolError, match=r"^invalid_input: Unknown tool: no_such_tool\. This server lists save_memories, "):
             await server.call_tool("no_such_tool", {})
 
     anyio.run(main)

@@ -12,8 +12,10 @@ import pytest
 from conftest import HashEmbedder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from web_evidence import PageServer, evaluate, evidence_recall, locomo_site, scifact_site, summarise
+from web_evidence import (REAL_PAGES, PageServer, bm25_paragraphs, evaluate, evidence_recall, locomo_site, passage_share,
+                          real_site, scifact_site, summarise)
 from tinycontext import TinyContextConfig
+from tinycontext.budget.tokens import TokenCounter
 
 
 def test_evidence_recall_ignores_markup_and_case():
@@ -40,3 +42,25 @@ def test_locomo_and_scifact_pages_through_the_real_fetch_path(shared_dir, tmp_pa
     for dataset in ("locomo", "scifact"):
         assert table[(dataset, "scrape_urls", 2000)]["evidence_recall"] >= table[(dataset, "scrape_urls", 500)]["evidence_recall"]
         assert table[(dataset, "whole page", "")]["tokens_vs_whole"] == 1.0
+
+
+def test_real_pages_gold_passages_sit_at_their_offsets_deep_in_the_page():
+    import json
+
+    questions = [json.loads(line) for line in (REAL_PAGES / "questions.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(questions) >= 60
+    for q in questions:
+        text = (REAL_PAGES / "pages" / f"{q['page']}.txt").read_text(encoding="utf-8")
+        assert text[q["start"]:q["end"]] == q["passage"] and "\n\n" not in q["passage"]
+        assert q["start"] >= 0.3 * len(text)  # not the lead
+    splits = {s: {q["page"] for q in questions if q["split"] == s} for s in ("dev", "test")}
+    assert splits["dev"] and splits["test"] and not splits["dev"] & splits["test"]  # split by page
+    site = real_site(REAL_PAGES, "test")
+    assert {q.url_path for q in site.questions} == set(site.pages) and site.scoring == "passage"
+
+
+def test_a_gold_passage_counts_only_when_one_window_holds_it():
+    assert passage_share("The tram costs 420 million", ["x", "the TRAM costs 420 million pounds"]) == 1.0
+    assert passage_share("a b c d e", ["a b c", "d e"]) == 0.6  # cut in two windows: 60%, not 100%
+    picked = bm25_paragraphs("tram cost", "Intro.\n\nThe tram will cost a lot.\n\nOther news.", 50, TokenCounter())
+    assert picked == ["The tram will cost a lot."]

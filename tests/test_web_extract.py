@@ -60,29 +60,49 @@ def test_links_are_absolute_and_exclude_scripts_and_the_page_itself():
 def test_passages_are_original_text_with_offsets_and_bounded_size(name):
     counter = TokenCounter()
     markdown = extract_html(load(name)[0], "https://site.example/").markdown
-    chunks = chunk_markdown(markdown, counter, max_tokens=60)
+    chunks = chunk_markdown(markdown, counter, max_tokens=60, passage_tokens=100)
     assert chunks
     for chunk in chunks:
         assert markdown[chunk.start:chunk.end] == chunk.text
         assert chunk.tokens <= 60
-        # Units (what ranking also scores) are pieces of the passage, in order, not overlapping.
+        # Units (what ranking also scores) are pieces of the chunk, in order, not overlapping.
         assert all(chunk.start <= a < b <= chunk.end for a, b in chunk.units)
         assert all(b1 <= a2 for (_, b1), (a2, _) in zip(chunk.units, chunk.units[1:]))
     starts = [c.start for c in chunks]
     assert starts == sorted(starts)
-    # Nothing but whitespace is left out between passages.
-    covered = "".join(markdown[c.start:c.end] for c in chunks)
-    assert "".join(covered.split()) == "".join(markdown.split())
+    # Nothing but whitespace, headings (the chunks' heading paths) and table rules is left out.
+    kept = "".join(c.text for c in chunks)
+    headings = [line for line in markdown.splitlines() if line.startswith("#")]
+    rules = [line for line in markdown.splitlines() if set(line.strip()) <= set("|-: ") and "-" in line]
+    assert len("".join(kept.split())) == len("".join(markdown.split())) - sum(len("".join(l.split())) for l in headings + rules)
+    for before, after in zip(chunks, chunks[1:]):  # a gap is the page's text between two chunks of a section
+        assert after.gap is None or markdown[before.end:after.start] == after.gap
+        assert after.gap is None or after.heading_path == before.heading_path
+
+
+def test_list_items_and_table_rows_are_units_of_their_own():
+    counter = TokenCounter()
+    text = ("# Kit\n\n- A tent for two\n- A stove\n  that folds\n- Water filter\n\n| Item | Weight |\n|---|---|\n"
+            "| Tent | 1.2 kg |\n| Stove | 0.3 kg |\n\nA closing paragraph.")
+    chunks = chunk_markdown(text, counter)
+    assert [c.text for c in chunks] == ["- A tent for two", "- A stove\n  that folds", "- Water filter", "| Item | Weight |",
+                                        "| Tent | 1.2 kg |", "| Stove | 0.3 kg |", "A closing paragraph."]
+    assert all(c.heading_path == ("Kit",) for c in chunks)
+    assert chunks[0].gap is None and chunks[4].gap == "\n|---|---|\n"  # the table rule lies between its rows
+    assert len({c.passage for c in chunks}) == 1  # one short section: one passage
 
 
 def test_long_blocks_are_cut_at_sentences_and_headings_give_the_path():
     counter = TokenCounter()
-    text = "# Top\n\n## Part\n\n" + " ".join(f"Sentence number {i} says something." for i in range(60)) + "\n\n### Deeper\n\nTail."
-    chunks = chunk_markdown(text, counter, max_tokens=50)
+    text = "# Top\n\nLead.\n\n## Part\n\n" + " ".join(f"Sentence number {i} says something." for i in range(60)) + "\n\n### Deeper\n\nTail."
+    chunks = chunk_markdown(text, counter, max_tokens=50, passage_tokens=80)
     assert all(c.tokens <= 50 for c in chunks)
-    assert chunks[0].heading_path == ("Top",) and chunks[1].heading_path == ("Top", "Part")
-    assert chunks[-1].heading_path == ("Top", "Part", "Deeper") and chunks[-1].text == "### Deeper\n\nTail."
-    assert all(c.text.rstrip().endswith(".") for c in chunks[1:-1])
+    assert chunks[0].heading_path == ("Top",) and chunks[0].text == "Lead."
+    assert chunks[1].heading_path == ("Top", "Part") and chunks[1].gap is None and chunks[2].gap == " "
+    assert chunks[-1].heading_path == ("Top", "Part", "Deeper") and chunks[-1].text == "Tail."
+    assert all(c.text.rstrip().endswith(".") for c in chunks)
+    assert len({c.passage for c in chunks[1:-1]}) > 1  # a long section is several passages
+    assert chunks[-1].passage != chunks[-2].passage  # a passage never spans two sections
 
 
 @pytest.mark.parametrize("text", [
@@ -97,7 +117,9 @@ def test_no_passage_is_over_the_chunk_size_whatever_the_script(text):
     chunks = chunk_markdown(markdown, counter, max_tokens=160)
     assert len(chunks) > 2 and all(c.tokens <= 160 for c in chunks)
     assert all(markdown[c.start:c.end] == c.text for c in chunks)
-    assert "".join(c.text for c in chunks).replace("\n", "") == markdown.replace("\n", "")  # nothing lost or added
+    assert all(c.heading_path == ("Title",) for c in chunks)  # the heading is the chunks' path, not a chunk
+    body = markdown.removeprefix("# Title\n\n")
+    assert "".join(c.text for c in chunks).replace("\n", "") == body.replace("\n", "")  # nothing lost or added
 
 
 def test_short_posts_next_to_action_links_are_kept():

@@ -8,6 +8,7 @@ failing the test if anything tries to leave loopback.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 
 import httpx
 import pytest
@@ -222,3 +223,43 @@ def test_every_redirect_hop_is_rechecked(loopback_only, monkeypatch):
                 get(guard, server.url(path), follow_redirects=True)
             assert info.value.details["reason"] == reason, path
         assert [r["path"] for r in server.requests].count("/ok") == 1
+
+
+# IANA's IPv4 and IPv6 Special-Purpose Address Registries (iana.org/assignments/iana-ipv4-special-registry,
+# iana-ipv6-special-registry), each row as (block, globally reachable), plus deprecated and other blocks a
+# guard must refuse. The guard decides from its own copy; this one checks it row by row.
+IANA_SPECIAL = [
+    ("0.0.0.0/8", False), ("0.0.0.0/32", False), ("10.0.0.0/8", False), ("100.64.0.0/10", False), ("127.0.0.0/8", False),
+    ("169.254.0.0/16", False), ("172.16.0.0/12", False), ("192.0.0.0/24", False), ("192.0.0.0/29", False),
+    ("192.0.0.8/32", False), ("192.0.0.9/32", True), ("192.0.0.10/32", True), ("192.0.0.170/32", False),
+    ("192.0.0.171/32", False), ("192.0.2.0/24", False), ("192.31.196.0/24", True), ("192.52.193.0/24", True),
+    ("192.88.99.0/24", False), ("192.168.0.0/16", False), ("192.175.48.0/24", True), ("198.18.0.0/15", False),
+    ("198.51.100.0/24", False), ("203.0.113.0/24", False), ("240.0.0.0/4", False), ("255.255.255.255/32", False),
+    ("::1/128", False), ("::/128", False), ("64:ff9b:1::/48", False), ("100::/64", False),
+    ("100:0:0:1::/64", False), ("2001::/23", False), ("2001::/32", False), ("2001:1::1/128", True),
+    ("2001:1::2/128", True), ("2001:1::3/128", True), ("2001:2::/48", False), ("2001:3::/32", True),
+    ("2001:4:112::/48", True), ("2001:10::/28", False), ("2001:20::/28", True), ("2001:30::/28", True),
+    ("2001:db8::/32", False), ("2002::/16", False), ("2620:4f:8000::/48", True), ("3fff::/20", False),
+    ("5f00::/16", False), ("fc00::/7", False), ("fe80::/10", False),
+    # (::ffff:0:0/96 and 64:ff9b::/96 carry an IPv4 address and are judged as that address: tested above.)
+    # Not in the registries, never to be fetched: multicast, deprecated site-local.
+    ("224.0.0.0/4", False), ("ff00::/8", False), ("fec0::/10", False),
+]
+
+
+def _samples(cidr: str):
+    net = ipaddress.ip_network(cidr)
+    return {net[0], net[-1], net[net.num_addresses // 2]}
+
+
+@pytest.mark.parametrize("cidr, reachable", IANA_SPECIAL)
+def test_classifier_follows_the_iana_special_purpose_tables(cidr, reachable):
+    for address in _samples(cidr):
+        kind = classify(address)
+        assert (kind == "public") == reachable, (str(address), kind)
+
+
+def test_classifier_refuses_the_addresses_the_review_found_and_keeps_public_ones():
+    assert classify("192.0.0.8") != "public" and classify("fec0::1") != "public"
+    for address in ("1.1.1.1", "9.9.9.9", "100.128.0.1", "192.0.1.1", "198.20.0.1", "2a00:1450:4001::1", "2600::1"):
+        assert classify(address) == "public", address

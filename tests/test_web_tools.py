@@ -38,7 +38,7 @@ def site():
 
 def web_config(tmp_path, site, **extra) -> TinyContextConfig:
     return TinyContextConfig(memory_db_path=tmp_path / "m.db", allow_private_hosts=True, search_backend="searxng",
-                             searxng_url=site.url(""), **extra)
+                             searxng_url=site.url(""), tools=("memory", "web"), **extra)
 
 
 def received(result) -> tuple[int, int]:
@@ -116,7 +116,7 @@ def test_cli_scrape_and_search(loopback_only, tmp_path, site, env, capsys, monke
     assert "Budapest" in out and COUNTER.count(out) <= 251
     assert main(["scrape", site.url("/rivers"), "--max-tokens", "200", "--json"]) == 0
     answer = json.loads(capsys.readouterr().out)
-    assert answer["results"][0]["passages"][0]["start"] == 0 and answer["truncated"]
+    assert answer["results"][0]["passages"][0]["heading"] == "Rivers of Europe" and answer["truncated"]
     assert main(["search", "danube", "--domain", "example.com"]) == 0
     assert "travel.example.com" in capsys.readouterr().out
 
@@ -124,7 +124,8 @@ def test_cli_scrape_and_search(loopback_only, tmp_path, site, env, capsys, monke
 def test_stdio_server_reads_allow_private_hosts_from_the_environment(tmp_path, site):
     (tmp_path / "config.json").write_text("{}")
     base = {k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}
-    env = {**base, "TINYCONTEXT_CONFIG_PATH": str(tmp_path / "config.json"), "TINYCONTEXT_MEMORY_DB_PATH": str(tmp_path / "m.db")}
+    env = {**base, "TINYCONTEXT_CONFIG_PATH": str(tmp_path / "config.json"), "TINYCONTEXT_MEMORY_DB_PATH": str(tmp_path / "m.db"),
+           "TINYCONTEXT_TOOLS": "web"}
 
     async def call(extra: dict) -> dict:
         params = StdioServerParameters(command=sys.executable, args=["-m", "tinycontext.cli.commands", "mcp"], env={**env, **extra})

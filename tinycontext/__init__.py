@@ -31,12 +31,22 @@ from .errors import (
 from .models.hub import resolve_model
 from .retrieval.fusion import Signals
 
-__version__ = "0.1.0"
+from .version import __version__
+
+
+def tool_schema_tokens(config: TinyContextConfig | None = None) -> int:
+    """Tokens of the MCP tool definitions (name, description, input schema) a host sends the model on every
+    request to a server for ``config`` (its ``tools`` profile); measured as tinycontext.servers.tools does."""
+    from .servers.tools import active, schema_tokens
+
+    config = config or TinyContextConfig()
+    return sum(schema_tokens(active(config), config.encoding_name).values())
+
 
 __all__ = [
     "TinyContextConfig", "load_config", "MemoryEngine", "MemoryInput", "StoredMemory", "save_memories", "recall_memories",
     "update_memory", "delete_memory", "get_memory", "close_engines",
     "TinyContextError", "InvalidInputError", "EmptyMemoryError", "RecallBudgetError", "SessionNotFoundError",
     "MemoryNotFoundError", "ModelMismatchError", "ModelUnavailableError", "ConfigError", "ConflictError", "StorageError",
-    "MissingExtraError", "Embedder", "create_embedder", "resolve_model", "Signals", "__version__",
+    "MissingExtraError", "Embedder", "create_embedder", "resolve_model", "Signals", "tool_schema_tokens", "__version__",
 ]

@@ -24,6 +24,9 @@ APP_NAME = "tinycontext"
 ENV_PREFIX = "TINYCONTEXT_"
 CONFIG_PATH_ENV = "TINYCONTEXT_CONFIG_PATH"
 CONFIG_FILE_NAME = "context_config.json"
+# The capabilities an MCP server can list (tinycontext/servers/tools.py names their tools).
+CAPABILITIES = ("memory", "manage", "web", "browser")
+Capability = Literal[CAPABILITIES]  # type: ignore[valid-type]
 # MCP transports `tinycontext serve` offers (MCP_TRANSPORT); here so the CLI can list them without the server extra.
 TRANSPORTS: tuple[str, ...] = ("stdio", "sse", "streamable-http")
 
@@ -134,6 +137,10 @@ class TinyContextConfig(BaseModel):
     read_connections: int = Field(4, ge=0, le=64)
     # SSRF guard: let web fetches reach loopback/private/link-local hosts (local test servers, intranets).
     allow_private_hosts: bool = False
+    # The MCP tools on offer, by capability: memory (save, recall), manage (get, update, delete, list, sessions,
+    # bulk delete), web (search, scrape, datetime), browser; "all" for every one. Each tool's definition rides on
+    # every request, so the default is what an agent loop calls (notes/agent_surface.md). Env: comma-separated.
+    tools: tuple[Capability, ...] = ("memory",)
     # Web tools (search, scrape_urls, current_datetime) in the MCP server, REST API and CLI.
     web_tools: bool = True
     # "ddgs": DuckDuckGo & co via the ddgs package (no key); "searxng": searxng_url's JSON API; "auto": SearXNG, then ddgs.
@@ -143,14 +150,24 @@ class TinyContextConfig(BaseModel):
     search_timeout: float = Field(10.0, gt=0, le=120)
     # Per URL: the whole fetch (connect, redirects, body) must finish within web_fetch_timeout seconds.
     web_fetch_timeout: float = Field(15.0, gt=0, le=300)
+    # Per scrape item: fetch, decoding, extraction, chunking, embedding and ranking together (a page not
+    # read by then is a "timeout" outcome; the other items are not held up).
+    web_item_timeout: float = Field(15.0, gt=0, le=600)
     web_max_bytes: int = Field(5_000_000, ge=1024)
     web_max_redirects: int = Field(5, ge=0, le=30)
     web_user_agent: str = "Mozilla/5.0 (compatible; TinyContext/0.1)"
     scrape_max_tokens: int = Field(4000, ge=50, le=100_000)
     # Separate budget for a page's related links (part of scrape_max_tokens, not added to it).
     scrape_links_max_tokens: int = Field(300, ge=0, le=10_000)
-    # Longest passage scrape_urls cuts a page into (passages follow headings and paragraphs).
-    scrape_chunk_tokens: int = Field(160, ge=20, le=2000)
+    # Longest unit scrape_urls returns whole (a paragraph, list item, table row; a longer one is cut at
+    # sentences). 256: MiniLM reads that much of a text.
+    scrape_chunk_tokens: int = Field(256, ge=20, le=2000)
+    # Units of one section are also ranked as passages of about this many tokens (their context).
+    scrape_passage_tokens: int = Field(160, ge=20, le=2000)
+    # A page is read up to this many characters of extracted text and this many units (the answer says
+    # when a page was cut): a 5 MB page costs what its first part costs.
+    scrape_max_chars: int = Field(100_000, ge=1000)
+    scrape_max_chunks: int = Field(500, ge=1)
     # A ranked passage gains this share of its better same-section neighbour's score (evidence spanning passages).
     scrape_neighbour_weight: float = Field(0.5, ge=0.0, le=2.0)
     # A ranked passage also gains this share of the score of its best paragraph or sentence (read with its
@@ -180,6 +197,15 @@ class TinyContextConfig(BaseModel):
     browser_timeout_seconds: float = Field(15.0, gt=0)
     # Default token budget of one browser view.
     browser_max_tokens: int = Field(2000, ge=64, le=1_000_000)
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _capabilities(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, (list, tuple)) and "all" in value:
+            return CAPABILITIES
+        return tuple(dict.fromkeys(value)) if isinstance(value, (list, tuple)) else value
 
     @field_validator("memory_db_path", "models_dir", "browser_executable_path", mode="after")
     @classmethod

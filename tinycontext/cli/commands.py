@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from io import TextIOWrapper
 from pathlib import Path
 
-from .. import __version__
+from ..version import __version__
 from ..config import TRANSPORTS, TinyContextConfig, load_config
 from ..memory.engine import MemoryEngine
 from ..errors import InvalidInputError, ModelUnavailableError, StorageError, TinyContextError

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
+from ..version import __version__
 from ..config import (
     CONFIG_PATH_ENV,
     ENV_PREFIX,
@@ -27,7 +27,9 @@ from ..config import (
     TinyContextConfig,
     default_config_file,
     load_config,
+    unknown_variables,
 )
+from ..budget.render import plural
 from ..errors import ModelMismatchError, StorageError, TinyContextError
 
 TEST_SENTENCE = "TinyContext doctor test sentence."
@@ -56,7 +58,7 @@ class Doctor:
         except TinyContextError as err:
             self.checks.append({"name": name, "ok": False, "summary": str(err), "details": {}, "error": err.to_dict()})
         except Exception as err:  # noqa: BLE001 - a doctor reports every failure instead of stopping at the first
-            message = f"{type(err).__name__}: {err}"
+            message = " ".join(f"{type(err).__name__}: {err}".split())
             self.checks.append({"name": name, "ok": False, "summary": f"internal_error: {message}", "details": {},
                                 "error": {"code": "internal_error", "message": message}})
 
@@ -72,7 +74,11 @@ class Doctor:
         self.config = load_config(self.config_path)
         sources = ["defaults", *([str(file)] if file.is_file() else []), *env]
         summary = " < ".join(sources) + ("" if file.is_file() else f" (no config file at {file})")
-        return summary, {"file": str(file), "file_exists": file.is_file(), "env": env, "sources": sources}
+        unknown = unknown_variables(dict(os.environ))
+        if unknown:
+            summary += "; ignored, not settings: " + ", ".join(f"{key} (did you mean {close}?)" if close else key for key, close in unknown)
+        return summary, {"file": str(file), "file_exists": file.is_file(), "env": env, "sources": sources,
+                         "unknown_variables": [key for key, _ in unknown]}
 
     def sqlite(self):
         from ..sqlite import sqlite_driver
@@ -165,7 +171,7 @@ class Doctor:
 
         counter = TokenCounter(self.config.encoding_name)
         tokens = counter.count(TEST_SENTENCE)
-        return f"{self.config.encoding_name} (offline): test sentence = {tokens} tokens", {
+        return f"{self.config.encoding_name} (offline): test sentence = {plural(tokens, 'token')}", {
             "encoding": self.config.encoding_name, "test_tokens": tokens}
 
     def database(self):
@@ -182,6 +188,19 @@ class Doctor:
 
         return describe(self.config)
 
+    def tools(self):
+        from ..servers import tools
+
+        listed = tools.active(self.config)
+        on = tools.enabled(self.config)
+        cost = sum(tools.schema_tokens(listed, self.config.encoding_name).values())
+        off = [c for c in tools.CAPABILITIES if c not in on]
+        summary = (f"profile {','.join(c for c in tools.CAPABILITIES if c in on) or 'none'}: {len(listed)} MCP tools "
+                   f"({', '.join(t.name for t in listed)}), {cost} tokens of tool definitions per request")
+        if off:
+            summary += f"; off: {', '.join(off)} (set tools, e.g. TINYCONTEXT_TOOLS=memory,manage, or all)"
+        return summary, {"tools": [t.name for t in listed], "capabilities": sorted(on), "schema_tokens": cost}
+
     def run(self) -> dict:
         self.check("python", self.python)
         self.check("config", self.config_check)
@@ -193,6 +212,7 @@ class Doctor:
         self.check("tokenizer", self.tokenizer, needs=self.config)
         self.check("database", self.database, needs=self.config)
         self.check("browser", self.browser, needs=self.config)
+        self.check("mcp tools", self.tools, needs=self.config)
         config = self.config
         return {
             "ok": all(c["ok"] for c in self.checks),
@@ -212,7 +232,7 @@ def _inspect_database(path: Path, identity: dict | None) -> tuple[str, dict]:
     """Schema version, embedder identity and counts of an existing database, opened read-only."""
     import sqlite_vec
 
-    from ..memory.store import SCHEMA_VERSION
+    from ..memory.store import SCHEMA_VERSION, refusal
     from ..sqlite import sqlite_driver
 
     driver = sqlite_driver()[0]
@@ -223,6 +243,7 @@ def _inspect_database(path: Path, identity: dict | None) -> tuple[str, dict]:
             sqlite_vec.load(conn)
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+            columns = {r[1] for r in conn.execute("PRAGMA table_info(memories)")}
             counts = {"memories": 0, "sessions": 0, "vectors": 0}
             for name, table in (("memories", "memories"), ("sessions", "sessions"), ("vectors", "memory_vectors")):
                 if table in tables:
@@ -235,21 +256,22 @@ def _inspect_database(path: Path, identity: dict | None) -> tuple[str, dict]:
     stored = json.loads(row[0]) if row else None
     details = {"exists": True, "path": str(path), "schema_version": version, "latest_schema_version": SCHEMA_VERSION,
                "embedder": stored, **counts}
-    if version > SCHEMA_VERSION:
-        raise StorageError(f"{path} has schema v{version}, newer than this TinyContext (v{SCHEMA_VERSION}). Upgrade tinycontext.", **details)
-    if version and "memories" not in tables:
-        raise StorageError(f"{path} is not a TinyContext database. Point memory_db_path elsewhere.", **details)
+    refused = refusal(path, version, tables, columns)
+    if refused:
+        raise StorageError(refused, **details)
     if stored and identity and stored != identity and counts["memories"]:
         raise ModelMismatchError(
             f"{path} was embedded with {stored.get('model')} but the config uses {identity.get('model')}. Run "
             "`tinycontext reindex` to re-embed, or set embedding_model back.", **details)
-    summary = f"{path}: schema v{version}, {counts['memories']} memories in {counts['sessions']} sessions, {counts['vectors']} vectors"
+    summary = (f"{path}: schema v{version}, {plural(counts['memories'], 'memory', 'memories')} in {plural(counts['sessions'], 'session')}, "
+               f"{plural(counts['vectors'], 'vector')}")
     if version < SCHEMA_VERSION:
         summary += f" (migrates to v{SCHEMA_VERSION} on next open)"
     if stored:
         summary += f", embedder {stored.get('model')}"
     if counts["vectors"] < counts["memories"]:
-        summary += f"; {counts['memories'] - counts['vectors']} memories have no vector yet (saved keyword-only): run `tinycontext reindex`"
+        missing = counts["memories"] - counts["vectors"]
+        summary += f"; {plural(missing, 'memory has', 'memories have')} no vector yet (saved keyword-only): run `tinycontext reindex`"
     return summary, details
 
 

@@ -619,8 +619,8 @@ class MemoryEngine:
     def _conversation_rerank(self, query: str, session: str | None, ranked: list, dense_hits: list, episode_weight: float,
                              neighbour_weight: float, speaker_boost: float, *, expand: bool, fusion: str) -> list:
         def turns(ids) -> dict[int, tuple]:
-            return {r[0]: (r[1], r[2], r[3]) for r in self.store.read(
-                "SELECT id, episode_id, speaker, length(content) FROM memories WHERE id IN (SELECT value FROM json_each(?)) "
+            return {r[0]: (r[1], r[2]) for r in self.store.read(
+                "SELECT id, episode_id, speaker FROM memories WHERE id IN (SELECT value FROM json_each(?)) "
                 "AND (episode_id IS NOT NULL OR speaker IS NOT NULL)", (json.dumps(ids),))}
 
         candidates = [c.id for c in ranked]

@@ -249,14 +249,9 @@ class Store:
         except self.driver.Error as exc:
             raise StorageError(f"Cannot use database {self.path}: {exc}. It is damaged or not a SQLite database and was not changed: "
                                "point memory_db_path at a TinyContext database or a new file, or restore a backup.") from exc
-        if version > SCHEMA_VERSION:
-            raise StorageError(f"Database {self.path} has schema v{version}, newer than this TinyContext (v{SCHEMA_VERSION}); "
-                               "it was not changed. Upgrade tinycontext.")
-        if tables and not ({"meta", "sessions", "memories"} <= tables and "content_hash" in columns):
-            what = ("a legacy TinyContext database (import it with `tinycontext import PATH`)" if LEGACY_SIGNATURE <= columns
-                    else "another application's SQLite database")
-            raise StorageError(f"Cannot use database {self.path}: it is {what}, not a TinyContext database, and was not changed. "
-                               "Point memory_db_path at a TinyContext database or a new file.")
+        refused = refusal(self.path, version, tables, columns)
+        if refused:
+            raise StorageError(refused)
 
     def _load_sqlite_vec(self, conn) -> None:
         import sqlite_vec
@@ -453,6 +448,20 @@ class Store:
                 conn.close()
             self._readers.clear()
             self.conn.close()
+
+
+def refusal(path: Path, version: int, tables: set[str], memory_columns: set[str]) -> str | None:
+    """Why the SQLite file at ``path`` (its user_version, tables, and columns of ``memories``) is not a
+    TinyContext database this version may open, or None when it is one (or empty)."""
+    if version > SCHEMA_VERSION:
+        return (f"Database {path} has schema v{version}, newer than this TinyContext (v{SCHEMA_VERSION}); "
+                "it was not changed. Upgrade tinycontext.")
+    if tables and not ({"meta", "sessions", "memories"} <= tables and "content_hash" in memory_columns):
+        what = ("a legacy TinyContext database (import it with `tinycontext import PATH`)" if LEGACY_SIGNATURE <= memory_columns
+                else "another application's SQLite database")
+        return (f"Cannot use database {path}: it is {what}, not a TinyContext database, and was not changed. "
+                "Point memory_db_path at a TinyContext database or a new file.")
+    return None
 
 
 def make_folder(path: Path, what: str, fix: str) -> None:

@@ -15,21 +15,32 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
+from ..version import __version__
 from ..config import TinyContextConfig, load_config
-from ..memory.engine import MemoryEngine, MemoryInput, get_engine
-from .web_tools import router as web_router
-from ..errors import TinyContextError
-from ..retrieval.filters import FilterSpec
-from ..budget.render import MIN_AGENT_TOKENS, Detail
-from .browser_tools import router as browser_router
-from . import browse_tools as browse
+from ..memory.engine import MemoryEngine, get_engine
+from ..errors import InvalidInputError, TinyContextError
+from ..web.clock import current_datetime
+from . import tools
 from .guard import ServeSettings, protect
-from .mcp_schemas import DeleteOutput, MemoryOutput, RecallOutput, SaveOutput
 from .health import health_report
+from .mcp_schemas import (
+    BrowserView,
+    DatetimeOutput,
+    DeleteManyOutput,
+    DeleteOutput,
+    ListOutput,
+    MemoryOutput,
+    RecallOutput,
+    SaveOutput,
+    ScrapeOutput,
+    SearchOutput,
+    SessionsOutput,
+)
+from .web import engine_embedder, split_answer
 
 log = logging.getLogger(__name__)
 
@@ -41,39 +52,6 @@ STATUS = {
     "blocked": 403, "browser_busy": 503, "browser_error": 502,
 }
 HTTP_CODES = {400: "invalid_input", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
-
-
-class _Request(BaseModel):
-    # Strict: a number sent as a string, or a bool as a number, is a client bug worth reporting.
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class SaveRequest(_Request):
-    memories: list[MemoryInput] = Field(description="Memories to save: {content, tags?, metadata?, speaker?, occurred_at?, attachments?, episode?} each (batch limit: max_batch_size).")
-    session_id: str | None = Field(None, description="Session to save into; 'default' when omitted.")
-    episode: str | None = Field(None, description="Episode key for memories that name none; one call's turns form one by default.")
-
-
-class RecallRequest(_Request):
-    query: str = Field(description="What to remember: a question or keywords.")
-    session_id: str | None = Field(None, description="Search only this session; omit to search all.")
-    max_tokens: int | None = Field(None, description=f"Token budget for the whole response body ({MIN_AGENT_TOKENS}-1000000).")
-    top_k: int | None = Field(None, description="At most this many memories (1-1000).")
-    tags: list[str] | None = Field(None, description="Keep only memories with any of these tags.")
-    offset: int = Field(0, description="Skip this many ranked results (paging).")
-    filters: FilterSpec | None = Field(None, description="tags_any, tags_all, metadata equality, created_at/updated_at ranges.")
-    detail: Detail = Field("compact", description="compact: id, rank, content, tags, date; full: every field and the scores.")
-
-
-class IdRequest(_Request):
-    id: int = Field(description="Memory id, as returned by save or recall.")
-
-
-class UpdateRequest(IdRequest):
-    content: str | None = Field(None, description="New text; unchanged when omitted.")
-    tags: list[str] | None = Field(None, description="New tags (replace the old ones).")
-    metadata: dict[str, Any] | None = Field(None, description="New metadata (replaces the old one).")
-    expected_version: int | None = Field(None, description="Only update if still at this version; else 409 conflict.")
 
 
 class Health(BaseModel):
@@ -93,20 +71,34 @@ class ErrorBody(BaseModel):
 ERRORS = {status: {"model": ErrorBody} for status in (400, 401, 403, 404, 409, 413, 421, 422, 500, 503)}
 
 
+class BrowserSession(tools.Strict):
+    session_id: str = Field("default", min_length=1, max_length=200,
+                            description="Your browser session (cookies, tabs); callers sharing a name share it.")
+
+
+class NavigateBody(tools.NavigateRequest, BrowserSession):
+    """browser_navigate's arguments, and which REST caller's browser session."""
+
+
+class ActBody(tools.ActRequest, BrowserSession):
+    """browser_act's arguments, and which REST caller's browser session."""
+
+
 class _Engines:
-    """Opens the engine on first use and retries after a failure (e.g. once the model is fixed)."""
+    """Reads the config and opens the engine on first use; retries after a failure (e.g. once the model is fixed)."""
 
     def __init__(self, config: TinyContextConfig | None, engine: MemoryEngine | None):
-        self.config, self.engine = config, engine
+        self._config, self.engine = config, engine
         self.lock = threading.Lock()
 
-    def __call__(self) -> MemoryEngine:
-        if self.engine is not None:
-            return self.engine
+    def config(self) -> TinyContextConfig:
         with self.lock:
-            if self.config is None:
-                self.config = load_config()
-        return get_engine(self.config)
+            if self._config is None:
+                self._config = self.engine.config if self.engine is not None else load_config()
+        return self._config
+
+    def __call__(self) -> MemoryEngine:
+        return self.engine if self.engine is not None else get_engine(self.config())
 
 
 def _error(status: int, code: str, message: str, details: dict | None = None) -> JSONResponse:
@@ -126,8 +118,9 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     default to the environment."""
     settings = settings or ServeSettings.from_env()
     engines = _Engines(config, engine)
-    app = FastAPI(title="TinyContext", version=__version__, responses=ERRORS,
-                  description="Token-light local memory for AI agents: the MCP tools over REST.")
+    # Swagger UI and ReDoc from the fastapi-offline package's files: /docs works without a network.
+    app = FastAPIOffline(title="TinyContext", version=__version__, responses=ERRORS,
+                         description="Token-light local memory for AI agents: the MCP tools over REST.")
     protect(app, settings)
 
     @app.exception_handler(TinyContextError)
@@ -151,33 +144,106 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     def health() -> dict:
         return health_report(engines())
 
+    # Each body is its MCP tool's request model (tinycontext.servers.tools): one contract for both servers.
     @app.post("/save_memories", response_model=SaveOutput, summary="Save memories into a session")
-    def save_memories(body: SaveRequest) -> dict:
+    def save_memories(body: tools.SaveRequest) -> dict:
         return engines().save(body.memories, session_id=body.session_id, episode=body.episode)
 
+    # Budgeted answers are sent as built: the body is exactly the JSON the budget counted (no re-serialization).
     @app.post("/recall_memories", response_model=RecallOutput, summary="Recall the most relevant memories within a token budget")
-    def recall_memories(body: RecallRequest) -> JSONResponse:
-        # Sent as built: the body is exactly the JSON the budget counted (no model re-serialization).
+    def recall_memories(body: tools.RecallRequest) -> JSONResponse:
         page = engines().recall_rendered(body.query, session_id=body.session_id, max_tokens=body.max_tokens, top_k=body.top_k,
                                          tags=body.tags, offset=body.offset, detail=body.detail, filters=body.filters)
         return JSONResponse(page.structured)
 
+    @app.post("/get_memory", response_model=MemoryOutput, summary="One memory with its edit history")
+    def get_memory(body: tools.IdRequest) -> dict:
+        return engines().get(body.id)
+
     @app.post("/update_memory", response_model=MemoryOutput, summary="Replace a memory's content, tags or metadata")
-    def update_memory(body: UpdateRequest) -> dict:
+    def update_memory(body: tools.UpdateRequest) -> dict:
         return engines().update(body.id, body.content, tags=body.tags, metadata=body.metadata, expected_version=body.expected_version)
 
     @app.post("/delete_memory", response_model=DeleteOutput, summary="Delete a memory and its history")
-    def delete_memory(body: IdRequest) -> dict:
+    def delete_memory(body: tools.IdRequest) -> dict:
         return engines().delete(body.id)
 
-    @app.post("/get_memory", response_model=MemoryOutput, summary="One memory with its edit history")
-    def get_memory(body: IdRequest) -> dict:
-        return engines().get(body.id)
+    @app.post("/list_memories", response_model=ListOutput, summary="Browse memories (newest first by default) within a token budget")
+    def list_memories(body: tools.ListRequest) -> JSONResponse:
+        page = engines().list_memories(**body.model_dump(exclude={"filters"}), filters=body.filters)
+        return JSONResponse(page.structured)
 
-    app.include_router(web_router(lambda: config or load_config(), engine=engines))
-    app.include_router(browser_router(config))
-    app.include_router(browse.router(engines))
+    @app.get("/sessions", response_model=SessionsOutput, summary="Sessions with their memory and token counts")
+    def list_sessions() -> dict:
+        return engines().list_sessions()
+
+    @app.post("/delete_memories", response_model=DeleteManyOutput,
+              summary="Delete by session, tags or filters: a dry run first, then confirm its count")
+    def delete_memories(body: tools.DeleteManyRequest) -> dict:
+        return engines().delete_memories(**body.model_dump(exclude={"filters"}), filters=body.filters)
+
+    def web_config() -> TinyContextConfig:
+        current = engines.config()
+        if not current.web_tools:
+            raise StarletteHTTPException(404, "The web tools are disabled (web_tools=false).")
+        return current
+
+    @app.post("/search", response_model=SearchOutput, tags=["web"], summary="Search the web: results and an outcome per query, within max_tokens")
+    async def search(body: tools.SearchRequest) -> JSONResponse:
+        from ..web.search import asearch
+
+        answer = await asearch([i.model_dump(exclude_none=True) for i in body.items], body.max_tokens, config=web_config())
+        return JSONResponse(split_answer(answer)[1])
+
+    @app.post("/scrape_urls", response_model=ScrapeOutput, tags=["web"],
+              summary="The passages of 1-5 pages that answer a query, within one token budget")
+    async def scrape_urls(body: tools.ScrapeRequest) -> JSONResponse:
+        from ..web.scrape import ascrape_urls
+
+        current = web_config()
+        answer = await ascrape_urls([i.model_dump(exclude_none=True) for i in body.items], body.max_tokens, order=body.order,
+                                    config=current, backend=body.backend, embedder=await engine_embedder(engines, current))
+        return JSONResponse(split_answer(answer)[1])
+
+    @app.get("/current_datetime", response_model=DatetimeOutput, tags=["web"], summary="UTC and local time now")
+    def datetime_now() -> dict:
+        web_config()
+        return current_datetime()
+
+    if config is None or config.browser_backend != "off":
+        def browser(method: str, body: BaseModel) -> dict:
+            from ..web.browser.service import get_service
+
+            current = engines.config()
+            if current.browser_backend == "off":
+                raise InvalidInputError("The browser tools are off (browser_backend=off).")
+            arguments = body.model_dump(exclude={"session_id"})
+            return get_service(current).call(method, "rest:" + body.session_id, **arguments)
+
+        @app.post("/browser/navigate", response_model=BrowserView, response_model_exclude_none=True, tags=["browser"],
+                  summary="Open a URL and read the page")
+        def browser_navigate(body: NavigateBody) -> dict:
+            return browser("navigate", body)
+
+        @app.post("/browser/act", response_model=BrowserView, response_model_exclude_none=True, tags=["browser"],
+                  summary="Act on the page by ref and read it again")
+        def browser_act(body: ActBody) -> dict:
+            return browser("act", body)
+
     return app
 
 
+def route_reference(api: FastAPI | None = None) -> str:
+    """The route table of docs/rest.md (a test checks the page has exactly this), from the app's own OpenAPI:
+    ``python -m tinycontext.servers.fastapi_server`` prints it."""
+    api = api or create_app(TinyContextConfig(), settings=ServeSettings())
+    lines = ["| method | path | what |", "|---|---|---|"]
+    for path, operations in api.openapi()["paths"].items():
+        lines += [f"| {method.upper()} | `{path}` | {op.get('summary', '')} |" for method, op in operations.items()]
+    return "\n".join(lines)
+
+
 app = create_app()
+
+if __name__ == "__main__":
+    print(route_reference())

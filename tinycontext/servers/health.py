@@ -18,7 +18,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from .. import __version__
+from ..version import __version__
 from ..config import TinyContextConfig
 from ..memory.engine import MemoryEngine, get_engine
 from ..errors import ConfigError, TinyContextError

@@ -1,10 +1,11 @@
 """Output schemas of the MCP tools: what each tool's structured content looks like.
 
-Clients read them from ``tools/list`` (``outputSchema``) and the official SDK client checks every
-successful result against them. The REST app answers with the same models. The shapes follow what the tools hand over: compact recall and
-listing items from :mod:`tinycontext.budget.render`, the engine's save/get/update/delete answers, the
-browse answers. Objects allow extra keys, so a field added later (e.g. by ``detail="full"``) stays
-valid; error results (``isError``) carry ``{"error": {code, message}}`` and are not checked.
+Clients read them from ``tools/list`` (``outputSchema``) and the official SDKs check every result's
+structured content against them. The REST app answers with the same models. The shapes follow what
+the tools hand over: compact recall and listing items from :mod:`tinycontext.render`, the engine's
+save/get/update/delete answers, the browse answers, the browser's view facts. Objects allow extra
+keys, so a field added later (e.g. by ``detail="full"``) stays valid. Error results (``isError``)
+carry no structured content: the TypeScript SDK would check it against these success shapes.
 """
 
 from __future__ import annotations
@@ -136,6 +137,22 @@ class ScrapeOutput(_Open):
     truncated: bool
 
 
+class BrowserView(BaseModel):
+    """A browser tool's answer over REST; MCP sends ``view`` as the text and the rest as structured content."""
+
+    view: str = Field(description="The page as the agent reads it: header, notes, one line per element.")
+    tab: int | None
+    tabs: int
+    url: str | None = None
+    title: str | None = None
+    tokens: int = Field(description="Tokens of view.")
+    structured_tokens: int = Field(description="Tokens of the other fields as compact JSON (MCP structured content).")
+    truncated: bool
+    refs: list[str] = Field(description="Refs shown in the view (the ones click and type accept).")
+    matches: int | None = None
+    closed: bool | None = None
+
+
 class DatetimeOutput(_Open):
     utc: str
     local: str
@@ -156,8 +173,6 @@ def output_schemas() -> dict[str, dict]:
     """Tool name -> JSON schema of its structured content."""
     schemas = {name: model.model_json_schema() for name, model in OUTPUTS.items()}
     # The browser tools hand over their view model's facts; the view itself is the text content.
-    from .browser_tools import BrowserView
-
     browser = BrowserView.model_json_schema()
     browser["properties"].pop("view", None)
     browser["required"] = [r for r in browser.get("required", []) if r != "view"]

@@ -1,4 +1,5 @@
-"""The MCP result of a failed tool call, shared by every tool group (memory, browse, web, browser)."""
+"""The MCP result of a failed tool call: ``isError`` with the text ``code: message`` and no structured content
+(the TypeScript SDK checks structured content against the tool's success ``outputSchema``, errors included)."""
 
 from __future__ import annotations
 
@@ -8,4 +9,4 @@ from ..errors import TinyContextError
 
 
 def error_result(err: TinyContextError) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=str(err))], structuredContent={"error": err.to_dict()}, isError=True)
+    return CallToolResult(content=[TextContent(type="text", text=str(err))], isError=True)

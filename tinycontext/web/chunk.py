@@ -1,11 +1,17 @@
-"""Markdown split on its structure into passages of roughly ``min_tokens``-``max_tokens`` tokens.
+"""Markdown split on its structure into the page's own units: paragraphs, list items, table rows, code.
 
-Blocks are headings, paragraphs, list runs, tables and fenced code; a passage is a run of blocks
-of one section (the heading path stays the same), cut before it would pass ``max_tokens``. A block
-longer than that is cut at lines, then sentences, then words. Every chunk's text is exactly
-``markdown[start:end]``: original text, never rewritten. A passage also knows its units (its
-paragraphs, or their lines and sentences when a paragraph is longer than half a passage): ranking
-scores them too, so one sentence that answers is not drowned by the rest of its passage.
+Blocks are headings, paragraphs, list runs, tables and fenced code; a list run is cut into its items
+and a table into its rows, so a chunk is one paragraph, item, row or code block, returned whole or
+not at all. A unit longer than ``max_tokens`` is cut at lines, then sentences, then words. Headings
+are not chunks: they make the heading path of the chunks under them (the answer names it where it
+changes). Every chunk's text is exactly ``markdown[start:end]``: original text, never rewritten.
+
+Chunks of one section are grouped into passages of about ``passage_tokens`` (``Chunk.passage``):
+ranking scores a chunk with its passage too, so a short reply is read with the messages around it.
+A chunk also knows its units (itself, or its lines and sentences when it is longer than half a
+passage): ranking scores them, so one sentence that answers is not drowned by the rest. ``gap`` is
+what lies between a chunk and the one before it in the same section (whitespace, a table's rule
+line): two neighbours shown together are one window of original text.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ _FENCE = re.compile(r"^\s*(```|~~~)")
 # CJK sentences end at 。！？ with no space after them.
 SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[a-z0-9)][.!?])(?=[A-Z][a-z])|(?<=[。！？])(?=\S)")
 _WORD_GAP = re.compile(r"\s+")
+_LIST_ITEM = re.compile(r"^\s{0,3}(?:[-*+]|\d{1,9}[.)])\s+\S")
+_TABLE_ROW = re.compile(r"^\s*\|")
+_TABLE_RULE = re.compile(r"^\s*\|?(?:\s*:?-{2,}:?\s*\|)+\s*:?-*:?\s*$")
 
 
 @dataclass
@@ -32,7 +41,9 @@ class Chunk:
     heading_path: tuple[str, ...]
     tokens: int
     position: int = 0  # order in the page
-    units: tuple[tuple[int, int], ...] = ()  # (start, end) of its paragraphs / sentences, offsets into the page
+    units: tuple[tuple[int, int], ...] = ()  # (start, end) of itself or its sentences, offsets into the page
+    passage: int = 0  # the passage (run of chunks of one section) it belongs to
+    gap: str | None = None  # markdown between the previous chunk and this one, when both are in one section
 
 
 @dataclass
@@ -147,37 +158,52 @@ def _units(markdown: str, start: int, end: int, tokens: int, max_tokens: int) ->
     return out
 
 
-def chunk_markdown(markdown: str, counter: TokenCounter, *, max_tokens: int = 160) -> list[Chunk]:
-    """Passages of ``markdown`` in page order (see the module docstring)."""
+def _items(markdown: str, block: _Block) -> list[tuple[int, int]]:
+    """A block as the page's own units: a list run as its items, a table as its rows (rule lines left out),
+    anything else whole."""
+    text = markdown[block.start:block.end]
+    lines = [(m.start(), m.end()) for m in re.finditer(r"[^\n]+", text)]
+    first = text[lines[0][0]:lines[0][1]] if lines else ""
+    if _LIST_ITEM.match(first):
+        starts = [a for a, b in lines if _LIST_ITEM.match(text[a:b])]
+        bounds = [*starts, len(text)]
+        spans = [(bounds[i], bounds[i + 1]) for i in range(len(starts))]
+    elif _TABLE_ROW.match(first) and all(_TABLE_ROW.match(text[a:b]) for a, b in lines):
+        spans = [(a, b) for a, b in lines if not _TABLE_RULE.match(text[a:b])]
+    else:
+        return [(block.start, block.end)]
+    out = []
+    for a, b in spans:
+        while b > a and text[b - 1].isspace():
+            b -= 1
+        if b > a:
+            out.append((block.start + a, block.start + b))
+    return out
+
+
+def chunk_markdown(markdown: str, counter: TokenCounter, *, max_tokens: int = 256,
+                   passage_tokens: int = 160) -> list[Chunk]:
+    """The page's units in page order (see the module docstring)."""
     chunks: list[Chunk] = []
     path: list[tuple[int, str]] = []
-    cur: list[int] | None = None  # [start, end, tokens]
     cur_path: tuple[str, ...] = ()
-    units: list[tuple[int, int]] = []
-
-    def flush():
-        nonlocal cur, units
-        if cur is not None:
-            text = markdown[cur[0]:cur[1]]
-            chunks.append(Chunk(text, cur[0], cur[1], cur_path, counter.count(text), len(chunks), tuple(units)))
-            cur, units = None, []
-
+    section_start = True  # the next chunk starts a section (no gap, a new passage)
+    passage, passage_fill = -1, passage_tokens
     for block in _blocks(markdown):
         if block.heading is not None:
-            flush()
             level, text = block.heading
             path = [(lv, t) for lv, t in path if lv < level] + [(level, text)]
             cur_path = tuple(t for _, t in path)
-            # The heading starts its section's first passage: it helps both the reader and BM25.
-            cur = [block.start, block.end, counter.count(markdown[block.start:block.end])]
+            section_start = True
             continue
-        for start, end in _pieces(markdown, block.start, block.end, max_tokens, counter):
-            tokens = counter.count(markdown[start:end])
-            if cur is not None and cur[2] + tokens + 1 <= max_tokens:
-                cur[1], cur[2] = end, cur[2] + tokens + 1
-            else:
-                flush()
-                cur = [start, end, tokens]
-            units.extend(_units(markdown, start, end, tokens, max_tokens // 2))
-    flush()
+        spans = [piece for a, b in _items(markdown, block) for piece in _pieces(markdown, a, b, max_tokens, counter)]
+        costs = counter.count_many([markdown[a:b] for a, b in spans])
+        for (start, end), tokens in zip(spans, costs):
+            if section_start or passage_fill + tokens > passage_tokens:
+                passage, passage_fill = passage + 1, 0
+            passage_fill += tokens
+            gap = None if section_start or not chunks else markdown[chunks[-1].end:start]
+            units = tuple(_units(markdown, start, end, tokens, passage_tokens // 2))
+            chunks.append(Chunk(markdown[start:end], start, end, cur_path, tokens, len(chunks), units, passage, gap))
+            section_start = False
     return chunks

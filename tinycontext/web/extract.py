@@ -9,6 +9,7 @@ import codecs
 import re
 from urllib.parse import urldefrag, urljoin, urlsplit
 
+import charset_normalizer
 import lxml.html
 import trafilatura
 from lxml import etree
@@ -18,6 +19,7 @@ from .pages import ExtractedPage, Link
 from .pdf import extract_pdf
 
 MAX_LINKS = 300
+_DETECT_BYTES = 64 * 1024
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9._:-]+)""", re.IGNORECASE)
 _BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 _SPACE = re.compile(r"\s+")
@@ -40,7 +42,8 @@ def decode_body(body: bytes, declared: str | None = None, *, html: bool = True) 
 
     A BOM wins; then valid UTF-8 (pages labelled latin-1 that are really UTF-8 are common, and
     non-ASCII bytes that happen to be valid UTF-8 are rare otherwise); then the header's charset,
-    then a ``<meta charset>``; last windows-1252 with replacement characters, which never fails.
+    then a ``<meta charset>``; with no charset declared at all, charset-normalizer's guess; last
+    windows-1252 with replacement characters, which never fails.
     """
     for bom, name in _BOMS:
         if body.startswith(bom):
@@ -50,12 +53,18 @@ def decode_body(body: bytes, declared: str | None = None, *, html: bool = True) 
     except UnicodeDecodeError:
         pass
     meta = _META_CHARSET.search(body[:4096]) if html else None
-    for name in (_codec(declared), _codec(meta.group(1).decode("ascii", "ignore")) if meta else None):
+    labels = (_codec(declared), _codec(meta.group(1).decode("ascii", "ignore")) if meta else None)
+    for name in labels:
         if name and name not in ("utf-8", "utf-16", "utf-32"):
             try:
                 return body.decode(name)
             except (UnicodeDecodeError, LookupError):
                 continue
+    if not any(labels):
+        # Nothing declared: detect (Shift-JIS, GBK, KOI8-R... pages without a charset); a prefix is enough.
+        guess = charset_normalizer.from_bytes(body[:_DETECT_BYTES]).best()
+        if guess is not None:
+            return body.decode(guess.encoding, errors="replace")
     return body.decode("cp1252", errors="replace")
 
 
@@ -112,8 +121,27 @@ def _drop_action_bars(tree) -> None:
             element.drop_tree()
 
 
-def extract_html(html: str, url: str) -> ExtractedPage:
-    """Main content as Markdown (headings, lists, tables, code kept), the title and the links."""
+def _cut_after(tree, limit: int) -> bool:
+    """Drop everything after the first ``limit`` characters of text (in document order); whether it did.
+    Main-content extraction costs time with the size of the tree, and holds the GIL while it works."""
+    total = 0
+    for element in tree.iter():
+        total += len(element.text or "") + len(element.tail or "")
+        if total > limit:
+            for child in list(element):
+                element.remove(child)
+            node = element
+            while (parent := node.getparent()) is not None:
+                for later in list(node.itersiblings()):
+                    parent.remove(later)
+                node = parent
+            return True
+    return False
+
+
+def extract_html(html: str, url: str, *, max_chars: int | None = None) -> ExtractedPage:
+    """Main content as Markdown (headings, lists, tables, code kept), the title and the links; with
+    ``max_chars``, only the part of the page holding the first twice that many characters of text is read."""
     try:
         tree = lxml.html.document_fromstring(html)
     except (etree.ParserError, ValueError):
@@ -122,24 +150,29 @@ def extract_html(html: str, url: str) -> ExtractedPage:
         bad.drop_tree()
     title = _title_from(tree)
     links = _links(tree, url)
+    cut = max_chars is not None and _cut_after(tree, 2 * max_chars)  # twice: boilerplate is dropped later
     _drop_action_bars(tree)
     # favor_recall: on the saved pages in tests/fixtures/web it keeps short list items that the
     # default drops, with no more boilerplate (scripts/web_extraction_compare.py).
     markdown = trafilatura.extract(tree, url=url, output_format="markdown", include_tables=True, favor_recall=True,
                                    include_formatting=True, include_comments=True, include_links=False,
                                    include_images=False, with_metadata=False) or ""
-    return ExtractedPage(url, title, markdown.strip(), links)
+    return ExtractedPage(url, title, markdown.strip(), links, cut)
 
 
-def extract_page(result: FetchResult, *, pdf_max_pages: int = 200) -> ExtractedPage:
+def extract_page(result: FetchResult, *, pdf_max_pages: int = 200, max_chars: int | None = None) -> ExtractedPage:
     """The page a successful fetch holds (HTML through trafilatura, PDF through
-    :mod:`tinycontext.web.pdf`, at most ``pdf_max_pages`` pages; plain text as it is)."""
+    :mod:`tinycontext.web.pdf`, at most ``pdf_max_pages`` pages; plain text as it is), its text
+    at most ``max_chars`` characters (``cut`` says when it was cut)."""
     url = result.final_url or result.url
     if result.content_type in PDF_TYPES:
-        return extract_pdf(result.body, url, max_pages=pdf_max_pages)
-    is_html = result.content_type in HTML_TYPES
-    text = decode_body(result.body, result.charset, html=is_html)
-    if is_html:
-        return extract_html(text, url)
-    text = text.replace("\r\n", "\n").replace("\x00", "").strip()
-    return ExtractedPage(url, text.split("\n", 1)[0][:120].strip() if text else "", text)
+        page = extract_pdf(result.body, url, max_pages=pdf_max_pages)
+    elif result.content_type in HTML_TYPES:
+        page = extract_html(decode_body(result.body, result.charset), url, max_chars=max_chars)
+    else:
+        text = decode_body(result.body, result.charset, html=False).replace("\r\n", "\n").replace("\x00", "").strip()
+        page = ExtractedPage(url, text.split("\n", 1)[0][:120].strip() if text else "", text)
+    if max_chars is not None and len(page.markdown) > max_chars:
+        # A prefix: passage offsets stay offsets into the page's text.
+        page.markdown, page.cut = page.markdown[:max_chars], True
+    return page

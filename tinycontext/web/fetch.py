@@ -24,6 +24,8 @@ HTML_TYPES = ("text/html", "application/xhtml+xml")
 TEXT_TYPES = ("text/plain", "text/markdown", "text/x-markdown")
 PDF_TYPES = ("application/pdf", "application/x-pdf")
 READABLE_TYPES = HTML_TYPES + TEXT_TYPES + PDF_TYPES
+# Read, then judged by their bytes (PDFs are often served as these).
+SNIFFED_TYPES = ("application/octet-stream", "binary/octet-stream")
 _CHUNK = 64 * 1024
 
 
@@ -58,13 +60,24 @@ def _media_type(header: str) -> tuple[str, str | None]:
     return media.strip().lower(), charset
 
 
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+# Bytes that hardly occur in text (C0 controls but tab, newline, form feed, carriage return, escape):
+# more than one in twenty of the first 4 KiB is binary (a stray NUL in a page is not).
+_CONTROL = bytes(c for c in range(32) if c not in (9, 10, 12, 13, 27))
+
+
 def _sniff(body: bytes) -> str:
-    if body[:1024].lstrip().startswith(b"%PDF-"):
+    """What the bytes are: PDF by its magic (within the first KiB, as readers allow), binary when the
+    start is full of control bytes (UTF-16 with a BOM aside), else HTML or plain text."""
+    if b"%PDF-" in body[:1024]:
         return "application/pdf"
-    head = body[:512].lstrip().lower()
-    if head.startswith((b"<!doctype html", b"<html", b"<head", b"<body")) or b"<html" in head:
+    head = body[:4096]
+    if not head.startswith(_UTF16_BOMS) and sum(head.count(c) for c in _CONTROL) > len(head) // 20:
+        return "application/octet-stream"
+    start = body[:512].lstrip().lower()
+    if start.startswith((b"<!doctype html", b"<html", b"<head", b"<body")) or b"<html" in start:
         return "text/html"
-    return "text/plain" if b"\x00" not in body[:1024] else "application/octet-stream"
+    return "text/plain"
 
 
 class _Inflater:
@@ -142,7 +155,7 @@ class HttpFetcher:
             if declared.isdigit() and int(declared) > limit:
                 result.outcome, result.detail = "too_large", f"Content-Length {declared} exceeds {limit} bytes"
                 return
-            if media and media not in READABLE_TYPES:
+            if media and media not in READABLE_TYPES + SNIFFED_TYPES:
                 result.outcome, result.detail = "unsupported_type", f"content type {media} is not HTML, plain text or PDF"
                 return
             encoding = response.headers.get("content-encoding", "identity").strip().lower()
@@ -158,6 +171,13 @@ class HttpFetcher:
                     return
                 body += data
             result.body = bytes(body)
-            result.content_type = media or _sniff(result.body)
-            if result.content_type not in READABLE_TYPES:
+            sniffed = _sniff(result.body)
+            # The bytes win over the header: a PDF is read as a PDF whatever it is labelled, and
+            # binary labelled as text is not handed back as text.
+            result.content_type = "application/pdf" if sniffed == "application/pdf" else media or sniffed
+            if media in SNIFFED_TYPES and sniffed != "application/pdf":
+                result.outcome, result.detail = "unsupported_type", f"content type {media} is not HTML, plain text or PDF"
+            elif result.content_type not in PDF_TYPES and sniffed == "application/octet-stream":
+                result.outcome, result.detail = "unsupported_type", f"binary body served as {media or 'no type'}"
+            elif result.content_type not in READABLE_TYPES:
                 result.outcome, result.detail = "unsupported_type", "body is not text or PDF"

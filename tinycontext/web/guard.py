@@ -124,6 +124,40 @@ def _unwrap(ip: IPAddress) -> tuple[IPAddress, ...]:
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_nets = lambda *cidrs: tuple(ipaddress.ip_network(c) for c in cidrs)  # noqa: E731
+# IANA's special-purpose address registries (IPv4 and IPv6, as of 2025), rows not globally reachable,
+# plus fec0::/10 (deprecated site-local): the standard library's is_global lags them in older Pythons
+# (3.11 calls 192.0.0.8 and fec0::1 global). tests/test_web_guard.py holds the registry rows.
+_NOT_GLOBAL = _nets(
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.0.0.0/24",
+    "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24",
+    "240.0.0.0/4", "255.255.255.255/32",
+    "::/128", "::1/128", "::ffff:0:0/96", "64:ff9b:1::/48", "100::/64", "100:0:0:1::/64", "2001::/23", "2001:2::/48",
+    "2001:db8::/32", "2002::/16", "3fff::/20", "5f00::/16", "fc00::/7", "fe80::/10", "fec0::/10",
+)
+# Rows inside those blocks that IANA marks globally reachable (anycast services, ORCHIDv2, DRIP, AMT...).
+_GLOBAL = _nets("192.0.0.9/32", "192.0.0.10/32", "2001:1::1/128", "2001:1::2/128", "2001:1::3/128", "2001:3::/32",
+                "2001:4:112::/48", "2001:20::/28", "2001:30::/28")
+
+
+def _kind(ip: IPAddress) -> str:
+    if any(ip in net for net in _GLOBAL if net.version == ip.version):
+        return "public"
+    if ip.is_unspecified:
+        return "unspecified"
+    if ip.is_loopback:
+        return "loopback"
+    if ip.is_link_local:
+        return "link_local"
+    if ip.is_multicast:
+        return "multicast"
+    if ip.is_reserved:
+        return "reserved"
+    if ip.is_private or (ip.version == 4 and ip in _CGNAT):
+        return "private"
+    if not ip.is_global or any(ip in net for net in _NOT_GLOBAL if net.version == ip.version):
+        return "not_global"
+    return "public"
 
 
 def classify(address: str | IPAddress) -> str:
@@ -132,20 +166,9 @@ def classify(address: str | IPAddress) -> str:
     if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id:
         ip = ipaddress.IPv6Address(str(ip).split("%")[0])
     for candidate in _unwrap(ip):
-        if candidate.is_unspecified:
-            return "unspecified"
-        if candidate.is_loopback:
-            return "loopback"
-        if candidate.is_link_local:
-            return "link_local"
-        if candidate.is_multicast:
-            return "multicast"
-        if candidate.is_reserved:
-            return "reserved"
-        if candidate.is_private or (isinstance(candidate, ipaddress.IPv4Address) and candidate in _CGNAT):
-            return "private"
-        if not candidate.is_global:
-            return "not_global"
+        kind = _kind(candidate)
+        if kind != "public":
+            return kind
     return "public"
 
 

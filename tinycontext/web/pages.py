@@ -21,6 +21,7 @@ class ExtractedPage:
     title: str
     markdown: str
     links: list[Link] = field(default_factory=list)
+    cut: bool = False  # the page had more text than extraction was allowed to read
 
 
 @dataclass
@@ -45,3 +46,4 @@ class PageResult:
     links: list[Link] = field(default_factory=list)  # best first when ranked
     markdown_chars: int = 0
     markdown_tokens: int = 0
+    note: str = ""  # e.g. that the page was read only up to scrape_max_chars

@@ -1,18 +1,22 @@
 """Web answers as the agent receives them: text and structured content, both within max_tokens.
 
-Built on :func:`tinycontext.budget.render.fit_page`, the renderer recall uses, so a scrape or search
-answer is counted the same way (text and compact JSON, frames included). A heading path is named
-once, on the first passage under it, not on every passage: it would cost as much as a short passage.
+Counted with the renderer recall uses (:mod:`tinycontext.render`: the configured encoding, compact
+JSON, frames included). A page's units (paragraphs, list items, table rows) are chosen whole, best
+first; one that does not fit is skipped and the budget is filled with the next best that do, never
+with cut text. Chosen neighbours of one section are shown as one window of original text. Framing is
+small: a heading path is named once, where it changes, and a window that does not follow the one
+before it starts with ``[…]``; offsets are in the structured content.
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from ..budget.tokens import TokenCounter, fit_budget
 from ..errors import RecallBudgetError
-from ..budget.render import Page, fit_page, one_line
+from ..budget.render import Page, one_line, to_json
 
 if TYPE_CHECKING:
     from .chunk import Chunk
@@ -51,46 +55,71 @@ def _heading(chunk) -> str:
     return " > ".join(one_line(h) for h in chunk.heading_path)
 
 
-def _where(chunk, heading: bool) -> str:
-    path = _heading(chunk) if heading else ""
-    return f"[{path + ' · ' if path else ''}chars {chunk.start}-{chunk.end}]"
+@dataclass
+class _Window:
+    page: int
+    chunks: list  # consecutive chunks of one section, page order
+    rank: int  # best rank among them (the order they are shown in with order="rank")
+
+    @property
+    def text(self) -> str:
+        return self.chunks[0].text + "".join(c.gap + c.text for c in self.chunks[1:])
 
 
-def _starts_with_its_heading(chunk) -> bool:
-    """A section's first passage begins with the heading line itself: the path adds nothing when it is one level."""
-    return len(chunk.heading_path) == 1 and chunk.text.lstrip("#").strip().startswith(chunk.heading_path[0])
+def _windows(chosen: list[tuple[int, Chunk, int]]) -> list[_Window]:
+    """Chosen (page, chunk, rank) as windows: runs of chunks that follow each other in one section."""
+    windows: list[_Window] = []
+    for page, chunk, rank in sorted(chosen, key=lambda x: (x[0], x[1].position)):
+        last = windows[-1] if windows else None
+        if last and last.page == page and last.chunks[-1].position + 1 == chunk.position and chunk.gap is not None:
+            last.chunks.append(chunk)
+            last.rank = min(last.rank, rank)
+        else:
+            windows.append(_Window(page, [chunk], rank))
+    return windows
 
 
-def _carries_heading(candidates: list[tuple[int, Chunk]]) -> list[bool]:
-    """Which candidates pay for their heading when filling the budget: the best-ranked passage of each
-    (page, heading path). The answer names a heading once, on the first passage under it (see
-    ``_show_headings``), so the others cost only their text."""
-    seen: set = set()
-    out = []
-    for page_index, chunk in candidates:
-        key = (page_index, chunk.heading_path)
-        out.append(bool(chunk.heading_path) and key not in seen and not _starts_with_its_heading(chunk))
-        seen.add(key)
+def _frames(windows: list[_Window]) -> list[str | None]:
+    """Per window in display order: its heading path when it changes (or ``[…]`` when the window does not
+    follow the one before it); None for the first window of a page without headings."""
+    out: list[str | None] = []
+    previous: _Window | None = None
+    for window in windows:
+        first = window.chunks[0]
+        same_page = previous is not None and previous.page == window.page
+        if first.heading_path and (not same_page or previous.chunks[-1].heading_path != first.heading_path):
+            out.append(_heading(first))
+        elif same_page or first.position > 0:
+            out.append("")  # not where the page (or the previous window) leaves off: say so
+        else:
+            out.append(None)
+        previous = window
     return out
 
 
-def _show_headings(chunks: list[Chunk]) -> list[bool]:
-    """In display order: a passage names its heading path when it differs from the previous passage's."""
-    out, previous = [], None
-    for chunk in chunks:
-        out.append(bool(chunk.heading_path) and chunk.heading_path != previous and not _starts_with_its_heading(chunk))
-        previous = chunk.heading_path
-    return out
+def _window_line(window: _Window, frame: str | None) -> str:
+    if frame is None:
+        return window.text
+    return f"[{frame or '…'}]\n{window.text}"
+
+
+def _window_object(window: _Window, frame: str | None) -> dict:
+    entry = {"text": window.text, "start": window.chunks[0].start, "end": window.chunks[-1].end}
+    if frame:
+        entry["heading"] = frame
+    return entry
 
 
 def scrape_page(pages: Sequence[PageResult], *, max_tokens: int, counter: TokenCounter, links_max_tokens: int,
                 order: str = "page") -> Page:
-    """Fill ``max_tokens`` with the pages' passages (each page's best first), grouped per page.
+    """Fill ``max_tokens`` with the pages' units (each page's best first), grouped per page.
 
-    Links get at most ``links_max_tokens`` (and a fifth of the budget); when even the outcomes and
-    links leave no room, links go first; a budget that cannot hold the outcomes is an error.
+    Links get at most ``links_max_tokens`` (and a tenth of the budget), and none below
+    ``LINKS_FROM_TOKENS``: at agent-sized budgets every token goes to the passages. When even the
+    outcomes and links leave no room, links go first; a budget that cannot hold the outcomes is an error.
     """
-    fitted = _scrape_page(pages, max_tokens, counter, min(links_max_tokens, max_tokens // 5), order)
+    links = min(links_max_tokens, max_tokens // 10) if max_tokens >= LINKS_FROM_TOKENS else 0
+    fitted = _scrape_page(pages, max_tokens, counter, links, order)
     if fitted.tokens > max_tokens:
         fitted = _scrape_page(pages, max_tokens, counter, 0, order)
     if fitted.tokens > max_tokens:
@@ -99,53 +128,48 @@ def scrape_page(pages: Sequence[PageResult], *, max_tokens: int, counter: TokenC
     return fitted
 
 
+# Below this budget an answer has no links (real-page dev set: links at 300 tokens cost a passage in 30).
+LINKS_FROM_TOKENS = 1000
+# A new window costs its frame and its structured entry's keys and offsets beyond its text; filling
+# estimates with these, and the whole answer is counted exactly at the end.
+_WINDOW_TEXT_COST = 4
+_WINDOW_JSON_COST = 16
+_BATCH = 64
+
+
 def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCounter, links_budget: int,
                  order: str) -> Page:
     links = _pick_links(pages, links_budget, counter)
     candidates = interleave(pages)
-    carries = _carries_heading(candidates)
-    ranked = [(i, chunk, carry) for (i, chunk), carry in zip(candidates, carries)]
-
-    def grouped(chosen: list[int]) -> dict[int, list[int]]:
-        groups: dict[int, list[int]] = {i: [] for i in range(len(pages))}
-        for slot, position in enumerate(chosen):
-            groups[candidates[position][0]].append(slot)
-        if order == "page":
-            for slots in groups.values():
-                slots.sort(key=lambda s: candidates[chosen[s]][1].position)
-        return groups
+    by_position = [{c.position: c for c in page.chunks} for page in pages]
 
     def header(page: PageResult) -> list[str]:
         url = page.fetch.final_url or page.item.url
         if page.outcome != "ok":
             status = f" {page.fetch.status}" if page.outcome == "http_error" and page.fetch.status else ""
             return [f"# {page.item.url}", f"{page.outcome}{status}: {one_line(page.fetch.detail or page.outcome)}"]
-        return [f"# {one_line(page.title) or url}", f"<{url}>"]
+        return [f"# {one_line(page.title) or url}", f"<{url}>", *([f"({page.note})"] if page.note else [])]
 
-    def shown(fitted: Page, slots: list[int]) -> list[tuple[Chunk, bool]]:
-        chunks = [candidates[fitted.chosen[s]][1] for s in slots]
-        return list(zip(chunks, _show_headings(chunks)))
+    def shown(chosen: list[int]) -> list[tuple[_Window, str | None]]:
+        windows = _windows([(candidates[k][0], candidates[k][1], k) for k in chosen])
+        if order == "rank":
+            windows.sort(key=lambda w: (w.page, w.rank))
+        return list(zip(windows, _frames(windows)))
 
-    def text(lines: list[str], fitted: Page) -> str:
-        if fitted.needed is not None:
-            return f"Nothing fits max_tokens={fitted.max_tokens}: the best passage needs max_tokens={fitted.needed}."
+    def render(chosen: list[int], needed: int | None = None) -> Page:
+        fitted = Page(max_tokens, list(chosen), [], None, needed)
+        windows = shown(chosen)
+        left = len(candidates) - len(chosen)
         out: list[str] = []
-        for index, slots in grouped(fitted.chosen).items():
-            out.extend(header(pages[index]))
-            out.extend(f"{_where(chunk, named)}\n{chunk.text}" for chunk, named in shown(fitted, slots))
+        results = []
+        for index, page in enumerate(pages):
+            mine = [(w, f) for w, f in windows if w.page == index]
+            out.extend(header(page))
+            out.extend(_window_line(w, f) for w, f in mine)
             if links[index]:
                 out.append("Links:")
                 out.extend(_link_line(l["url"], l["text"]) for l in links[index])
             out.append("")
-        left = len(candidates) - len(fitted.chosen)
-        if left:
-            out.append(f"({left} more passages did not fit max_tokens={fitted.max_tokens}.)")
-        return "\n".join(out).strip()
-
-    def structured(objects: list[dict], fitted: Page) -> dict:
-        results = []
-        for index, slots in grouped(fitted.chosen).items():
-            page = pages[index]
             entry: dict = {"url": page.item.url, "outcome": page.outcome}
             if page.fetch.final_url and page.fetch.final_url != page.item.url:
                 entry["final_url"] = page.fetch.final_url
@@ -155,27 +179,60 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
                 entry["detail"] = page.fetch.detail or page.outcome
             else:
                 entry["title"] = page.title
-                entry["passages"] = [passage(chunk, named) for chunk, named in shown(fitted, slots)]
+                if page.note:
+                    entry["note"] = page.note
+                entry["passages"] = [_window_object(w, f) for w, f in mine]
                 if links[index]:
                     entry["links"] = links[index]
             results.append(entry)
-        left = len(candidates) - len(fitted.chosen)
-        out = {"results": results, "total_tokens": fitted.text_tokens, "max_tokens": fitted.max_tokens,
-               "truncated": bool(left)}
         if left:
-            out["omitted"] = left
-        if fitted.needed is not None:
-            out["needed_tokens"] = fitted.needed
-        return out
+            out.append(f"({left} more passages did not fit max_tokens={max_tokens}.)")
+        fitted.text = "\n".join(out).strip()
+        if needed is not None:
+            fitted.text = f"Nothing fits max_tokens={max_tokens}: the best passage needs max_tokens={needed}."
+        fitted.text_tokens = counter.count(fitted.text)
+        structured = {"results": results, "total_tokens": fitted.text_tokens, "max_tokens": max_tokens,
+                      "truncated": bool(left)}
+        if left:
+            structured["omitted"] = left
+        if needed is not None:
+            structured["needed_tokens"] = needed
+        fitted.structured = structured
+        fitted.structured_tokens = counter.count(to_json(structured))
+        return fitted
 
-    def passage(chunk: Chunk, heading: bool) -> dict:
-        entry = {"text": chunk.text, "start": chunk.start, "end": chunk.end}
-        if heading:
-            entry["heading"] = _heading(chunk)
-        return entry
-
-    # Filling counts each passage with its heading when it is the best of its section; the frames
-    # render the headings where they change, and the whole answer is counted again at the end.
-    return fit_page(ranked, max_tokens=max_tokens, counter=counter,
-                    line=lambda r: f"{_where(r[1], r[2])}\n{r[1].text}", item=lambda r: passage(r[1], r[2]),
-                    text_frame=text, structured_frame=structured)
+    empty = render([])
+    used_text, used_json = empty.text_tokens, empty.structured_tokens
+    chosen: list[int] = []
+    taken: list[set[int]] = [set() for _ in pages]
+    named: set = set()  # (page, heading path) already framed
+    json_cost: list[int] = []
+    for k, (index, chunk) in enumerate(candidates):
+        if min(max_tokens - used_text, max_tokens - used_json) < 2:
+            break
+        if k >= len(json_cost):
+            json_cost.extend(counter.count_many([to_json(c.text) for _, c in candidates[k:k + _BATCH]]))
+        follows = chunk.gap is not None and chunk.position - 1 in taken[index]
+        after = by_position[index].get(chunk.position + 1)
+        leads = after is not None and after.gap is not None and after.position in taken[index]
+        if follows or leads:
+            cost_text, cost_json = chunk.tokens + 2, json_cost[k] + 1
+        else:
+            heading = (index, chunk.heading_path) not in named and bool(chunk.heading_path)
+            frame = counter.count(_heading(chunk)) if heading else 0
+            cost_text, cost_json = chunk.tokens + _WINDOW_TEXT_COST + frame, json_cost[k] + _WINDOW_JSON_COST + frame
+        if used_text + cost_text <= max_tokens and used_json + cost_json <= max_tokens:
+            chosen.append(k)
+            taken[index].add(chunk.position)
+            named.add((index, chunk.heading_path))
+            used_text += cost_text
+            used_json += cost_json
+    while chosen:
+        fitted = render(chosen)
+        if fitted.tokens <= max_tokens:
+            return fitted
+        chosen.pop()  # the estimate fell short (frames, escaping): give back the last unit
+    if not candidates:
+        return empty
+    first = render([0])
+    return render([], needed=first.tokens)

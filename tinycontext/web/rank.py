@@ -64,29 +64,40 @@ def rank_passages(query: str, texts: Sequence[str], embedder, config: TinyContex
     return [(c.id, c.rrf) for c in fuse(bm25, dense, dense_weight=weight, k=config.recall_rrf_k)]
 
 
+def passages_of(chunks: Sequence[Chunk]) -> tuple[list[int], list[str], list[tuple[str, ...]]]:
+    """The passages the chunks belong to, in page order: their ids, texts (the chunks joined by blank
+    lines) and heading paths."""
+    members: dict[int, list[Chunk]] = {}
+    for c in chunks:
+        members.setdefault(c.passage, []).append(c)
+    ids = list(members)
+    return ids, ["\n\n".join(c.text for c in members[p]) for p in ids], [members[p][0].heading_path for p in ids]
+
+
 def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyContextConfig) -> list[tuple[int, float]]:
-    """(position, score) of the passages, best first: each passage's fused score plus ``scrape_unit_weight``
-    times the fused score of its best unit among all the page's units, then the neighbour boost.
+    """(position, score) of the chunks (the page's units), best first: the fused score of its passage (after
+    the neighbour boost) plus ``scrape_unit_weight`` times the fused score of its best unit among all the
+    page's units.
 
     Units are ranked page-wide by BM25, but only those of the ``scrape_unit_candidates`` best passages
-    (fused score and neighbour boost) are embedded: a passage far down the page's order is rarely lifted
-    into what fits, and embedding every unit of a long page costs more than its passages."""
-    passages = rank_passages(query, [c.text for c in chunks], embedder, config)
-    sections = [c.heading_path for c in chunks]
-    score = dict(passages)
+    are embedded: a passage far down the page's order is rarely lifted into what fits, and embedding every
+    unit of a long page costs more than its passages."""
+    if not chunks:
+        return []
+    ids, texts, sections = passages_of(chunks)
+    passages = boost_neighbours(rank_passages(query, texts, embedder, config), sections, config.scrape_neighbour_weight)
+    context = {ids[k]: score for k, score in passages}
+    best: dict[int, float] = {}
     if config.scrape_unit_weight > 0.0:
-        candidates = {i for i, _ in boost_neighbours(passages, sections, config.scrape_neighbour_weight)
-                      [:config.scrape_unit_candidates]}
+        candidates = {ids[k] for k, _ in passages[:config.scrape_unit_candidates]}
         owners = [i for i, c in enumerate(chunks) for _ in c.units]
-        texts = [" > ".join(c.heading_path) + "\n" + c.text[s - c.start:e - c.start] if c.heading_path
-                 else c.text[s - c.start:e - c.start] for c in chunks for s, e in c.units]
-        embed = [u for u, owner in enumerate(owners) if owner in candidates]
-        best: dict[int, float] = {}
-        for unit, unit_score in rank_passages(query, texts, embedder, config, embed=embed):
+        unit_texts = [" > ".join(c.heading_path) + "\n" + c.text[s - c.start:e - c.start] if c.heading_path
+                      else c.text[s - c.start:e - c.start] for c in chunks for s, e in c.units]
+        embed = [u for u, owner in enumerate(owners) if chunks[owner].passage in candidates]
+        for unit, unit_score in rank_passages(query, unit_texts, embedder, config, embed=embed):
             best[owners[unit]] = max(best.get(owners[unit], 0.0), unit_score)
-        score = {i: score.get(i, 0.0) + config.scrape_unit_weight * best.get(i, 0.0) for i in score.keys() | best.keys()}
-    order = sorted(score.items(), key=lambda pair: (-pair[1], pair[0]))
-    return boost_neighbours(order, sections, config.scrape_neighbour_weight)
+    score = {i: context.get(c.passage, 0.0) + config.scrape_unit_weight * best.get(i, 0.0) for i, c in enumerate(chunks)}
+    return sorted(score.items(), key=lambda pair: (-pair[1], pair[0]))
 
 
 def boost_neighbours(order: Sequence[tuple[int, float]], sections: Sequence, weight: float) -> list[tuple[int, float]]:

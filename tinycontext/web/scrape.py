@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from ..budget.tokens import TokenCounter
@@ -79,18 +81,38 @@ def embedder_for(config: TinyContextConfig):
     return open_embedder(config)[0]
 
 
+# Page work (extraction, chunking, ranking) runs here rather than in asyncio's default executor: a
+# page past its deadline is left to finish on its own (bounded by the caps), and asyncio.run would
+# wait for the default executor's threads before returning.
+_EXECUTOR = ThreadPoolExecutor(max_workers=MAX_ITEMS, thread_name_prefix="tinycontext-scrape")
+
+
+def _in_time(deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise TimeoutError
+
+
 def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyContextConfig,
-             counter: TokenCounter) -> PageResult:
+             counter: TokenCounter, deadline: float = float("inf")) -> PageResult:
     if fetched.outcome != "ok":
         return PageResult(item, fetched, fetched.outcome)
-    page: ExtractedPage = extract_page(fetched, pdf_max_pages=config.scrape_pdf_max_pages)
-    result = PageResult(item, fetched, "ok", title=page.title, markdown_chars=len(page.markdown))
-    if not page.markdown.strip():
+    page: ExtractedPage = extract_page(fetched, pdf_max_pages=config.scrape_pdf_max_pages,
+                                       max_chars=config.scrape_max_chars)
+    _in_time(deadline)
+    markdown = page.markdown
+    note = f"the page was read up to {config.scrape_max_chars} characters of text (scrape_max_chars)" if page.cut else ""
+    result = PageResult(item, fetched, "ok", title=page.title, markdown_chars=len(markdown), note=note)
+    if not markdown.strip():
         result.outcome = "empty"
         return result
-    result.chunks = chunk_markdown(page.markdown, counter, max_tokens=config.scrape_chunk_tokens)
-    result.markdown_tokens = counter.count(page.markdown)
+    result.chunks = chunk_markdown(markdown, counter, max_tokens=config.scrape_chunk_tokens,
+                                   passage_tokens=config.scrape_passage_tokens)
+    if len(result.chunks) > config.scrape_max_chunks:
+        result.chunks = result.chunks[:config.scrape_max_chunks]
+        result.note = f"the page was read up to its first {config.scrape_max_chunks} units (scrape_max_chunks)"
+    result.markdown_tokens = counter.count(markdown)
     result.links = page.links
+    _in_time(deadline)
     if item.ranked:
         order = rank_chunks(item.query, result.chunks, embedder, config)
         result.chunks = [result.chunks[i] for i, _ in order]
@@ -105,20 +127,41 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
 
 async def afetch_and_rank(items: Sequence[ScrapeItem], *, config: TinyContextConfig, fetcher: Fetcher | None = None,
                           embedder=None) -> list[PageResult]:
-    """Fetch every item concurrently, then extract and rank each page (in worker threads)."""
+    """Fetch, extract and rank every item concurrently, each within ``web_item_timeout`` seconds."""
     own = fetcher is None
     fetcher = fetcher or HttpFetcher(config)
+    loop = asyncio.get_running_loop()
+    counter = TokenCounter(config.encoding_name)
+    model: asyncio.Future | None = None
+
+    async def model_for_ranking():
+        nonlocal model
+        if embedder is not None:
+            return embedder
+        if model is None:  # loaded once for all items, and not cancelled with the item that asked first
+            model = loop.run_in_executor(_EXECUTOR, embedder_for, config)
+        return await asyncio.shield(model)
+
+    async def one(item: ScrapeItem) -> PageResult:
+        deadline = time.monotonic() + config.web_item_timeout
+        fetched: FetchResult | None = None
+        try:
+            async with asyncio.timeout(config.web_item_timeout):
+                fetched = await fetcher.fetch(item.url)
+                ranker = await model_for_ranking() if item.ranked and fetched.outcome == "ok" else None
+                return await loop.run_in_executor(_EXECUTOR, _process, item, fetched, ranker, config, counter, deadline)
+        except TimeoutError:
+            late = FetchResult(url=item.url, final_url=fetched.final_url if fetched else item.url, outcome="timeout",
+                               status=fetched.status if fetched else None,
+                               detail=f"not read within web_item_timeout={config.web_item_timeout:g} s "
+                                      f"(fetch, extraction and ranking together)")
+            return PageResult(item, late, "timeout")
+
     try:
-        fetched = await asyncio.gather(*(fetcher.fetch(item.url) for item in items))
+        return list(await asyncio.gather(*(one(item) for item in items)))
     finally:
         if own:
             await fetcher.aclose()
-    needs_model = any(item.ranked and f.outcome == "ok" for item, f in zip(items, fetched))
-    if needs_model and embedder is None:
-        embedder = await asyncio.to_thread(embedder_for, config)
-    counter = TokenCounter(config.encoding_name)
-    return list(await asyncio.gather(*(asyncio.to_thread(_process, item, f, embedder, config, counter)
-                                       for item, f in zip(items, fetched))))
 
 
 async def ascrape_urls(items: Any, max_tokens: int | None = None, *, order: str = "page",

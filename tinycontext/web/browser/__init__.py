@@ -1,6 +1,6 @@
 """Browser tools: read pages that need a real browser through a compact accessibility view with refs.
 
-``browser_navigate`` and ``browser_act`` (MCP tools and REST endpoints: :mod:`tinycontext.servers.browser_tools`) drive a
+``browser_navigate`` and ``browser_act`` (MCP tools and REST endpoints, see tinycontext/servers/) drive a
 system Chromium with Playwright; :mod:`.snapshot` turns the page into the view, :mod:`.service`
 keeps one isolated session per client, :mod:`.proxy` puts every request through the SSRF guard.
 """

@@ -59,6 +59,7 @@ class AutoFetcher:
     """HTTP first; the browser only for an HTML page whose static text has (almost) no main content."""
 
     def __init__(self, config: TinyContextConfig, *, http: Fetcher | None = None, browser: Fetcher | None = None):
+        self.config = config
         self.http = http or HttpFetcher(config)
         self.browser = browser or BrowserFetcher(config)
 
@@ -66,7 +67,7 @@ class AutoFetcher:
         static = await self.http.fetch(url)
         if static.outcome != "ok" or static.content_type != "text/html":
             return static
-        page = await asyncio.to_thread(extract_page, static)
+        page = await asyncio.to_thread(extract_page, static, max_chars=self.config.scrape_max_chars)
         if len(page.markdown.strip()) >= AUTO_MIN_CHARS:
             return static
         rendered = await self.browser.fetch(static.final_url or url)

@@ -24,6 +24,9 @@ from ..guard import Decision, Guard
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024
+# Marks the proxy's refusal, so that a navigation that ends on it (a redirect to a refused address)
+# is told apart from a page that answers 403.
+BLOCK_HEADER = "X-TinyContext-Blocked"
 HEAD_TIMEOUT_S = 30
 CONNECT_TIMEOUT_S = 15
 # Hop-by-hop headers a proxy must not forward (RFC 9110 7.6.1), plus the proxy's own.
@@ -95,7 +98,8 @@ class GuardProxy:
         decision = await self.guard.adecide(url)
         if not decision.allowed:
             self.on_block(decision)
-            await _reply(writer, 403, f"Blocked by the SSRF guard: {decision.detail or decision.reason}")
+            await _reply(writer, 403, f"Blocked by the SSRF guard: {decision.detail or decision.reason}",
+                         {BLOCK_HEADER: decision.reason})
             return
         upstream_reader, upstream_writer = await self._connect(decision)
         try:
@@ -146,9 +150,10 @@ async def _pipe(client_reader, client_writer, upstream_reader, upstream_writer) 
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _reply(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+async def _reply(writer: asyncio.StreamWriter, status: int, message: str, headers: dict[str, str] | None = None) -> None:
     body = message.encode()
     reason = {400: "Bad Request", 403: "Forbidden"}[status]
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
-                 f"Connection: close\r\n\r\n".encode() + body)
+                 f"{extra}Connection: close\r\n\r\n".encode() + body)
     await writer.drain()

@@ -29,9 +29,9 @@ from ...budget.tokens import TokenCounter
 from ...config import TinyContextConfig
 from ...errors import InvalidInputError, TinyContextError
 from ...budget.render import MIN_AGENT_TOKENS, to_json
-from ..guard import Decision, Guard
+from ..guard import BlockedURLError, Decision, Guard
 from . import launch
-from .proxy import GuardProxy, RefuseAll
+from .proxy import BLOCK_HEADER, GuardProxy, RefuseAll
 from .snapshot import REF_RE, Node, assign_refs, build_tree, fit_lines, render, walk
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class Session:
     next_ref: int = 1
     seen: set[str] = field(default_factory=set)
     events: list[str] = field(default_factory=list)
+    refused: list[Decision] = field(default_factory=list)  # the guard's refusals since the last navigate
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
     closed: bool = False
@@ -269,6 +270,8 @@ class BrowserService:
         session.context.on("page", lambda page: asyncio.ensure_future(self._adopt(session, page, opened=bool(session.tabs))))
 
     def _blocked(self, session: Session, decision: Decision) -> None:
+        if len(session.refused) < MAX_EVENTS:
+            session.refused.append(decision)
         session.note(f"blocked a request to {decision.url.removesuffix('/')} ({decision.reason}: the SSRF guard refuses it)")
 
     async def _adopt(self, session: Session, page, *, opened: bool = False) -> Tab:
@@ -353,10 +356,14 @@ class BrowserService:
             if tab is None:
                 tab = await self._adopt(session, await session.context.new_page())
                 session.current = tab.id
+            session.refused.clear()
             try:
-                await tab.page.goto(url, wait_until="load")
+                _raise_if_refused(session, await tab.page.goto(url, wait_until="load"))
+            except TinyContextError:
+                raise
             except Exception as exc:  # noqa: BLE001 - Playwright errors carry net:: codes and timeouts
                 if "Timeout" not in type(exc).__name__:
+                    _raise_if_refused(session, None, exc)
                     raise BrowserError(f"Cannot open {url}: {_first_line(exc)}" + _block_hint(session)) from exc
                 session.note(f"the page did not finish loading within {self.config.browser_timeout_seconds:g} s")
             await _settle(tab)
@@ -403,8 +410,12 @@ class BrowserService:
                 timed_out = False
                 try:
                     response = await tab.page.goto(url, wait_until="load")
+                    _raise_if_refused(session, response)
+                except TinyContextError:
+                    raise
                 except Exception as exc:  # noqa: BLE001 - Playwright errors carry net:: codes and timeouts
                     if "Timeout" not in type(exc).__name__:
+                        _raise_if_refused(session, None, exc)
                         raise BrowserError(f"Cannot open {url}: {_first_line(exc)}" + _block_hint(session)) from exc
                     response, timed_out = None, True
                 await _settle(tab)
@@ -681,6 +692,17 @@ def _check_view_args(find: str | None, depth: int | None, max_tokens: int | None
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def _raise_if_refused(session: Session, response, error: Exception | None = None) -> None:
+    """A navigation that ended on the guard's refusal (a redirect to a refused address: the proxy's
+    403 for http, a refused CONNECT for https) is a ``blocked`` error, not a page."""
+    if response is not None and BLOCK_HEADER.lower() in response.headers:
+        raise BlockedURLError(f"{response.url!r} refused: a redirect led to an address the SSRF guard refuses "
+                              f"({response.headers[BLOCK_HEADER.lower()]})",
+                              reason=response.headers[BLOCK_HEADER.lower()], url=response.url)
+    if error is not None and "ERR_TUNNEL_CONNECTION_FAILED" in str(error) and session.refused:
+        raise session.refused[0].error()
 
 
 def _block_hint(session: Session) -> str:
