@@ -12,6 +12,7 @@ Loaders are named by ``_target_`` in ``conf/dataset/*.yaml`` and built with ``hy
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
 import json
 import re
@@ -74,8 +75,21 @@ class EvalDataset:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as fh:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def _read_json(file: Path, what: str, hint: str):
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"Cannot read {what} file {file} ({exc}). Pass dataset.path=<{hint}>.", path=str(file)) from exc
+
+
+def _first_file(folder: Path, *names: str) -> Path:
+    """The first of ``names`` that exists in ``folder`` (BEIR archives ship .jsonl, some mirrors .jsonl.gz)."""
+    return next((folder / n for n in names if (folder / n).is_file()), folder / names[0])
 
 
 def _doc_text(title: str | None, text: str | None) -> str:
@@ -109,11 +123,21 @@ def _read_qrels(file: Path) -> list[list[str]]:
 
 
 def load_beir(path: str | Path, tune_split: str = "train", test_split: str = "test", name: str | None = None) -> EvalDataset:
-    """A BEIR folder: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv`` (header line) for
-    the tuning and the test split."""
+    """A BEIR folder: ``corpus.jsonl`` (or ``.jsonl.gz``), ``queries.jsonl``, ``qrels/<split>.tsv``
+    (header line) for the tuning and the test split. ``tune_split=auto``: ``train`` if the set has it,
+    else ``dev`` (NFCorpus, FiQA, Quora, MS MARCO...); a set with a test split only (ArguAna, SciDocs,
+    TREC-COVID) has nothing else to tune on."""
     folder = Path(path).expanduser()
+    if tune_split == "auto":
+        found = [s for s in ("train", "dev") if (folder / "qrels" / f"{s}.tsv").is_file()]
+        if not found:
+            raise ConfigError(f"{folder} has no train or dev qrels to tune on (only {test_split}). Pass "
+                              f"dataset.tune_split={test_split} allow_test_tuning=true to tune on the test split anyway "
+                              "(every output is then labelled tuned-on-test).", path=str(folder))
+        tune_split = found[0]
     qrels_files = {s: folder / "qrels" / f"{s}.tsv" for s in dict.fromkeys([tune_split, test_split])}
-    files = [folder / "corpus.jsonl", folder / "queries.jsonl", *qrels_files.values()]
+    files = [_first_file(folder, "corpus.jsonl", "corpus.jsonl.gz"), _first_file(folder, "queries.jsonl", "queries.jsonl.gz"),
+             *qrels_files.values()]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise ConfigError(
@@ -192,10 +216,7 @@ def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: st
     if memory_format not in ("turns", "text"):
         raise ConfigError(f"dataset.memory_format must be turns or text, got {memory_format!r}.")
     file = Path(path).expanduser()
-    try:
-        samples = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"Cannot read LoCoMo file {file} ({exc}). Pass dataset.path=<locomo json>.", path=str(file)) from exc
+    samples = _read_json(file, "LoCoMo", "locomo json")
     wanted = {int(c) for c in categories}
     docs: list[Doc] = []
     queries: dict[str, str] = {}
@@ -230,4 +251,60 @@ def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: st
         fingerprint=sha256_files(file), info={"format": "locomo", "categories": sorted(wanted), "memory_format": memory_format},
         splits={"dev": list(queries)}, tune_split="dev", test_split="dev", cross_validate="session",
         query_info=query_info,
+    )
+
+
+def _longmemeval_turn(turn: dict) -> str:
+    return f"{turn.get('role', 'user')}: {str(turn.get('content', '')).strip()}"
+
+
+def load_longmemeval(path: str | Path, granularity: Literal["turn", "session"] = "session", name: str = "longmemeval",
+                     test_share: float = 0.5) -> EvalDataset:
+    """LongMemEval (its public JSON: a list of questions, each with ``haystack_sessions`` (lists of
+    ``{role, content, has_answer?}`` turns), ``haystack_session_ids``, ``haystack_dates`` and
+    ``answer_session_ids``). Each question searches its own haystack (one engine session per question).
+
+    ``granularity``: ``session`` saves each haystack session as one memory, relevant when it is an
+    answer session; ``turn`` saves each turn, relevant when it has ``has_answer`` (questions with no
+    such turn are left out). Abstention questions (``question_id`` ending ``_abs``: the answer is not
+    in the haystack) have nothing to retrieve and are excluded. LongMemEval has no tuning split: the
+    questions are split by a hash of their id into ``dev`` (tuned on) and ``test`` (``test_share``)."""
+    if granularity not in ("turn", "session"):
+        raise ConfigError(f"dataset.granularity must be turn or session, got {granularity!r}.")
+    file = Path(path).expanduser()
+    items = _read_json(file, "LongMemEval", "longmemeval json")
+    docs: list[Doc] = []
+    queries: dict[str, str] = {}
+    qrels: dict[str, dict[str, int]] = {}
+    sessions: dict[str, str] = {}
+    splits: dict[str, list[str]] = {"dev": [], "test": []}
+    query_info: dict[str, dict] = {}
+    for item in items:
+        qid = str(item["question_id"])
+        if qid.endswith("_abs"):
+            continue
+        answers = {str(s) for s in item.get("answer_session_ids", [])}
+        relevant: dict[str, int] = {}
+        for sid, turns in zip(item["haystack_session_ids"], item["haystack_sessions"]):
+            if granularity == "session":
+                doc_id = f"{qid}/{sid}"
+                docs.append(Doc(doc_id, "\n".join(_longmemeval_turn(t) for t in turns), qid, {}, str(sid)))
+                if str(sid) in answers:
+                    relevant[doc_id] = 1
+            else:
+                for i, turn in enumerate(turns):
+                    doc_id = f"{qid}/{sid}/{i}"
+                    docs.append(Doc(doc_id, _longmemeval_turn(turn), qid, {"speaker": turn.get("role", "user")}, str(sid)))
+                    if turn.get("has_answer"):
+                        relevant[doc_id] = 1
+        if not relevant:
+            continue
+        queries[qid], qrels[qid], sessions[qid] = str(item["question"]), relevant, qid
+        query_info[qid] = {"question_type": str(item.get("question_type", ""))}
+        share = int(hashlib.sha256(qid.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+        splits["test" if share < test_share else "dev"].append(qid)
+    return EvalDataset(
+        name=name, docs=docs, queries=queries, qrels=qrels, query_sessions=sessions, naive_dump="session",
+        fingerprint=sha256_files(file), info={"format": "longmemeval", "granularity": granularity, "test_share": test_share},
+        splits=splits, tune_split="dev", test_split="test", query_info=query_info,
     )

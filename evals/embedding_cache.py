@@ -29,6 +29,7 @@ from tinycontext import Embedder
 from .fingerprint import module_source, sha256_files
 
 
+
 @functools.lru_cache(maxsize=64)
 def _file_sha256(path: Path, size: int, mtime_ns: int) -> str:
     return sha256_files(path)
@@ -59,12 +60,13 @@ def model_key(bundle, pooling: str | None) -> str:
 class CachedEmbedder:
     """Duck-types Embedder for MemoryEngine; vectors come from disk when the same text was seen."""
 
-    def __init__(self, inner: Embedder, cache_dir: Path):
+    def __init__(self, inner, cache_dir: Path, key: str | None = None):
+        """``inner``: an ONNX :class:`Embedder` (key: :func:`model_key`) or a server's embedder, whose
+        ``key`` says what its vectors depend on (``evals.models.describe``)."""
         self.inner = inner
-        self.bundle = inner.bundle
         self.dimensions = inner.dimensions
         self.identity = inner.identity
-        self.key = model_key(inner.bundle, inner.pooling)
+        self.key = key or model_key(inner.bundle, inner.pooling)
         path = Path(cache_dir) / "embeddings" / f"{self.key[:24]}.sqlite"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(path), timeout=60, check_same_thread=False, isolation_level=None)
@@ -75,6 +77,9 @@ class CachedEmbedder:
         self._conn.execute("CREATE TABLE IF NOT EXISTS vectors (key TEXT PRIMARY KEY, vector BLOB NOT NULL)")
         self._lock = threading.Lock()
         self._memory: dict[str, np.ndarray] = {}
+        # force=true: a token naming the launch; vectors not computed under it are computed again.
+        self.refresh: str | None = None
+        self._computed_for: dict[str, str] = {}
         self.computed = 0
         self.hits = 0
 
@@ -88,13 +93,20 @@ class CachedEmbedder:
         prefix = self.inner.query_prefix if kind == "query" else self.inner.document_prefix
         keys = [hashlib.sha256((prefix + t).encode("utf-8")).hexdigest() for t in texts]
         found = self._lookup(set(keys))
+        if self.refresh is not None:
+            found = {k: v for k, v in found.items() if self._computed_for.get(k) == self.refresh}
         missing = list(dict.fromkeys(k for k in keys if k not in found))
-        if missing:
-            first = {k: i for i, k in reversed(list(enumerate(keys)))}
-            vectors = self.inner.embed([texts[first[k]] for k in missing], kind, progress=progress)
-            self._store(missing, vectors)
-            found.update(zip(missing, vectors))
-            self.computed += len(missing)
+        first = {k: i for i, k in reversed(list(enumerate(keys)))}
+        # One batch per call, each stored as soon as it is embedded: an interrupted pass over a slow server
+        # keeps what it computed, and no single embedding call outlasts the server's timeout.
+        chunk = max(1, int(getattr(self.inner, "batch_size", 32)))
+        for start in range(0, len(missing), chunk):
+            part = missing[start:start + chunk]
+            vectors = self.inner.embed([texts[first[k]] for k in part], kind, progress=progress)
+            self._store(part, vectors)
+            self._computed_for.update(dict.fromkeys(part, self.refresh))
+            found.update(zip(part, vectors))
+            self.computed += len(part)
         self.hits += len(set(keys) - set(missing))
         return np.stack([found[k] for k in keys]) if keys else np.zeros((0, self.dimensions), np.float32)
 
@@ -114,6 +126,6 @@ class CachedEmbedder:
         rows = [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in zip(keys, vectors)]
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
-            self._conn.executemany("INSERT OR IGNORE INTO vectors(key, vector) VALUES (?, ?)", rows)
+            self._conn.executemany("INSERT OR REPLACE INTO vectors(key, vector) VALUES (?, ?)", rows)
             self._conn.execute("COMMIT")
             self._memory.update({k: np.asarray(v, dtype=np.float32) for k, v in zip(keys, vectors)})

@@ -22,10 +22,10 @@ def measure(request: dict) -> dict:
     docs: list[dict] = request["docs"]  # {"text", "session"}
     warm = request.get("warmup_docs", 8)
     with tempfile.TemporaryDirectory(prefix="tinycontext-probe-") as tmp:
+        # fields: the embedding settings (evals.models.EvalModel.engine_fields); an embedding server's own
+        # memory is not this process's, so its peak RSS is the client's only.
         config = TinyContextConfig(memory_db_path=Path(tmp) / "probe.db", models_dir=request["models_dir"],
-                                   embedding_model=request["model"], embedding_batch_size=request["batch_size"],
-                                   dense_query_prefix=request["query_prefix"], dense_document_prefix=request["document_prefix"],
-                                   **request.get("engine", {}))
+                                   **request["fields"], **request.get("engine", {}))
         embedder = None
         if request.get("pooling"):  # the engine config has no pooling key: build the embedder as the runner does
             embedder = Embedder(resolve_model(config.embedding_model, config.models_dir), batch_size=config.embedding_batch_size,

@@ -4,7 +4,9 @@
 - ``tinycontext-eval report <sweep dir>``: (re)build results.csv, report.md and plots.
 - ``tinycontext-eval recommend <sweep dir> [--max-p95-ms X] [--max-model-mb Y]``: choose on the tuning
   split, write context_config.json with the choice and its test score.
-- ``tinycontext-eval compare RUN_A RUN_B``: paired per-query differences with CIs (run dirs or store ids).
+- ``tinycontext-eval compare RUN_A RUN_B``: paired per-query differences with CIs (run dirs, store ids, or any
+  TREC run file, scored on the other side's qrels).
+- ``tinycontext-eval calibrate-floor <run dir> [--keep 0.95]``: a relevance floor for the run's model.
 - ``tinycontext-eval ingest <sweep dir>``: append a sweep's results to the local results store.
 """
 
@@ -26,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from tinycontext import TinyContextConfig, TinyContextError
 
 log = logging.getLogger("evals")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per embedding request would drown the log
 
 
 def _engine_default(name: str):
@@ -57,7 +60,7 @@ def main(cfg: DictConfig) -> float:
     return float(row["ndcg@10"])  # the value an optimizing sweeper (Optuna, Nevergrad) would maximise
 
 
-COMMANDS = ("report", "recommend", "compare", "ingest")
+COMMANDS = ("report", "recommend", "compare", "ingest", "calibrate-floor")
 
 
 def _default_store() -> Path:
@@ -84,6 +87,9 @@ def _commands(argv: list[str]) -> int:
     cmp.add_argument("run_a", help="a run directory (with per_query.csv) or a run id in the results store")
     cmp.add_argument("run_b")
     cmp.add_argument("--store", type=Path, default=None, help="results store for run ids (default: the harness default)")
+    cal = sub.add_parser("calibrate-floor", help="a relevance floor (min dense cosine) for a run's model, from its tuning split")
+    cal.add_argument("run_dir", type=Path)
+    cal.add_argument("--keep", type=float, default=0.95, help="share of queries whose best relevant document stays above it")
     ing = sub.add_parser("ingest", help="append a sweep's result.json files to the local results store")
     ing.add_argument("sweep_dir", type=Path)
     ing.add_argument("--store", type=Path, default=None)
@@ -91,17 +97,22 @@ def _commands(argv: list[str]) -> int:
     try:
         if args.command == "report":
             print(build_report(args.sweep_dir))
+        elif args.command == "calibrate-floor":
+            from .report import calibrate_floor
+
+            print(json.dumps(calibrate_floor(args.run_dir, args.keep), indent=2))
         elif args.command == "compare":
             table = compare(args.run_a, args.run_b, store_path=args.store or _default_store())
             print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         elif args.command == "ingest":
+            from .records import job_files
             from .store import ResultsStore
 
-            _, per_query, records = load_results(args.sweep_dir)
+            load_results(args.sweep_dir)  # every job checked (hash, derivation) before any is stored
+            files = sorted(args.sweep_dir.glob("result.json")) + sorted(args.sweep_dir.glob("*/result.json"))
             with ResultsStore(args.store or _default_store()) as store:
-                added = sum(store.append(r, per_query[per_query["job"] == r["row"]["job"]].drop(columns="job"))
-                            for r in records)
-            print(f"{added} new runs appended ({len(records) - added} already stored)")
+                added = sum(store.append(json.loads(f.read_text(encoding="utf-8")), job_files(f.parent)) for f in files)
+            print(f"{added} new runs appended ({len(files) - added} already stored)")
         else:
             out, summary = recommend(args.sweep_dir, max_p95_ms=args.max_p95_ms, max_model_mb=args.max_model_mb,
                                      metric=args.metric, dataset=args.dataset, out=args.out)

@@ -30,66 +30,32 @@ from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from tinycontext import Embedder, MemoryEngine, Signals, TinyContextConfig, resolve_model, tool_schema_tokens
+from tinycontext import ConfigError, MemoryEngine, Signals, TinyContextConfig, tool_schema_tokens
 
 from . import datasets as dataset_module
 from .datasets import EvalDataset
-from .embedding_cache import CachedEmbedder, file_sha256, model_key
+from .embedding_cache import CachedEmbedder
 from .environment import environment
 from .fingerprint import engine_source, git_state, harness_source, module_source
-from .metrics import MEASURES, latency_summary, per_query_quality, recall_within, token_summary
-from .stats import summary
+from .metrics import per_query_quality, recall_within
+from .models import EvalModel, cached_embedder, describe, live_embedder, pooling
+from .records import qrels_file, run_file, seal, summarise, trec_qrels, trec_run
 from .store import ResultsStore
-from .timing import computing, probe, recall_latencies, timing_alone
+from .timing import computing, probe, recall_latencies, timing_alone, timing_passes
 
 log = logging.getLogger(__name__)
 RANKING_DEPTH = 100
 NAIVE_TOP = 10
 UNLIMITED_TOKENS = 1_000_000
-QUALITY = [*MEASURES, "budget_recall"]
-CATEGORY_METRICS = ["recall@5", "recall@10", "ndcg@10", "budget_recall"]
 # Config keys that say where things are kept, not what is measured: not part of a job's key.
-NOT_IN_KEY = ("hydra", "base_dir", "shared_dir", "cache_dir", "models_dir", "results_store", "force", "latency")
+NOT_IN_KEY = ("hydra", "base_dir", "shared_dir", "cache_dir", "models_dir", "results_store", "force")
 
-# Loaded models, datasets and probe results, kept for the next job in this process (joblib workers).
-_embedders: dict[tuple, CachedEmbedder] = {}
-_live: dict[tuple, Embedder] = {}
+# Loaded datasets and probe results, kept for the next job in this process (joblib workers).
 _datasets: dict[str, EvalDataset] = {}
 _probes: dict[str, dict] = {}
 # The last searches this process loaded (see ``searches``): {"file": path, "by_query": {qid: Signals}}.
 _searches: dict = {"file": None, "by_query": {}}
 SEARCH_ARGS = ("candidates", "tags", "filters")
-
-
-def resolve_model_spec(spec: str, base: Path) -> str:
-    """A path-like model spec becomes absolute (against ``base``); tiers, registry names, hub ids stay."""
-    if spec.startswith((".", "/", "~")) or (base / spec).is_dir():
-        return str((base / Path(spec).expanduser()).resolve())
-    return spec
-
-
-def _embedder_args(cfg: DictConfig) -> dict:
-    return {"batch_size": int(cfg.batch_size), "pooling": cfg.pooling or None, "query_prefix": cfg.query_prefix or "",
-            "document_prefix": cfg.document_prefix or ""}
-
-
-def get_embedder(cfg: DictConfig, models_dir: Path, cache_dir: Path, base: Path) -> CachedEmbedder:
-    """The cached embedder of the quality pass (vectors from disk when seen before)."""
-    spec = resolve_model_spec(str(cfg.model), base)
-    key = (spec, *_embedder_args(cfg).values(), str(cache_dir))
-    if key not in _embedders:
-        inner = Embedder(resolve_model(spec, models_dir), cache_size=0, **_embedder_args(cfg))
-        _embedders[key] = CachedEmbedder(inner, cache_dir)
-    return _embedders[key]
-
-
-def live_embedder(cfg: DictConfig, models_dir: Path, base: Path) -> Embedder:
-    """Production's embedder for the timing pass. No query LRU: every timed query is embedded."""
-    spec = resolve_model_spec(str(cfg.model), base)
-    key = (spec, *_embedder_args(cfg).values())
-    if key not in _live:
-        _live[key] = Embedder(resolve_model(spec, models_dir), cache_size=0, **_embedder_args(cfg))
-    return _live[key]
 
 
 def loader_source(params: dict) -> str:
@@ -128,8 +94,10 @@ def index_key(dataset: EvalDataset, embedder: CachedEmbedder, index_overrides: d
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def ensure_index(dataset: EvalDataset, embedder: CachedEmbedder, cache_dir: Path, index_overrides: dict) -> tuple[Path, dict]:
-    """The indexed database for (dataset, embedder, engine code), built once; parallel jobs wait on a file lock."""
+def ensure_index(dataset: EvalDataset, embedder: CachedEmbedder, cache_dir: Path, index_overrides: dict,
+                 fresh: str | None = None) -> tuple[Path, dict]:
+    """The indexed database for (dataset, embedder, engine code), built once; parallel jobs wait on a file lock.
+    ``fresh`` (``force=true``: :func:`fresh_token`): an index not built under this token is rebuilt."""
     folder = cache_dir / "indexes"
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"{dataset.name}-{index_key(dataset, embedder, index_overrides)}"
@@ -137,15 +105,36 @@ def ensure_index(dataset: EvalDataset, embedder: CachedEmbedder, cache_dir: Path
     with FileLock(str(folder / f"{stem}.lock")):
         if db.is_file() and meta_file.is_file():
             meta = json.loads(meta_file.read_text(encoding="utf-8"))
-            return db, {**meta, "reused": True}
+            if fresh is None or meta.get("built_for") == fresh:
+                return db, {**meta, "reused": True}
         tmp = folder / f"{stem}.building.db"
         for leftover in folder.glob(f"{stem}.building.db*"):
             leftover.unlink()
-        meta = _build_index(dataset, embedder, tmp, index_overrides)
+        meta = {**_build_index(dataset, embedder, tmp, index_overrides), "built_for": fresh}
         # Closing the engine checkpointed the WAL, so the single file is the whole database.
         os.replace(tmp, db)
-        meta_file.write_text(json.dumps(meta), encoding="utf-8")
+        _write_atomic(meta_file, json.dumps(meta))
     return db, {**meta, "reused": False}
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def fresh_token(cfg: DictConfig, output_dir: Path, sweep_dir: Path | None) -> str | None:
+    """None unless ``force``; then a token naming this launch: caches built under another token are
+    rebuilt, those this launch built (another job of the same sweep) are shared."""
+    if not cfg.get("force"):
+        return None
+    if sweep_dir is not None:
+        try:  # written by the launching process at the start of every multirun (evals.callbacks)
+            started = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))["started"]
+            return f"{sweep_dir.resolve()}@{started}"
+        except (OSError, ValueError, KeyError):
+            pass
+    return f"{output_dir.resolve()}@{uuid.uuid4().hex}"
 
 
 def _build_index(dataset: EvalDataset, embedder: CachedEmbedder, path: Path, index_overrides: dict) -> dict:
@@ -201,38 +190,41 @@ def scored_queries(dataset: EvalDataset) -> list[str]:
     return [q for q in dataset.judged if q in wanted]
 
 
-def searches(engine: MemoryEngine, dataset: EvalDataset, db: Path, engine_settings: dict, r: DictConfig) -> dict[str, Signals]:
+def searches(engine: MemoryEngine, dataset: EvalDataset, db: Path, engine_settings: dict, r: DictConfig,
+             fresh: str | None = None) -> dict[str, Signals]:
     """Every scored query's search (``MemoryEngine.search``: its BM25 and dense candidate lists) on
     the index ``db`` with these engine settings and search arguments (candidates, tags, filters).
 
     Searched once per host, by the first job that needs them (the others wait on a file lock), kept
     beside the index and in this process: a sweep's configs that differ only in fusion, floor, cliff
     or budget settings fuse the same lists instead of searching again. An index never changes once
-    built (its key holds the data, vectors and code), so its searches cannot go stale."""
+    built (its key holds the data, vectors and code), so its searches cannot go stale; ``fresh``
+    (``force=true``) searches again unless this launch searched already."""
     kwargs = _recall_kwargs(r)
     wanted = {k: kwargs[k] for k in SEARCH_ARGS if k in kwargs}
     queries = [(q, dataset.queries[q], dataset.query_sessions[q] if dataset.query_sessions else None) for q in scored_queries(dataset)]
     key = hashlib.sha256(json.dumps([engine_settings, wanted, queries], sort_keys=True, default=str).encode()).hexdigest()[:20]
     file = db.with_name(f"{db.stem}.searches-{key}.json")
-    if _searches["file"] != file:
+    if _searches["file"] != (file, fresh):
         with FileLock(str(file.with_suffix(".lock"))):
-            if file.is_file():
-                found = {q: Signals.from_dict(s) for q, s in json.loads(file.read_text(encoding="utf-8")).items()}
+            kept = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
+            if kept is not None and (fresh is None or kept.get("built_for") == fresh):
+                found = {q: Signals.from_dict(s) for q, s in kept["searches"].items()}
             else:
                 found = {q: engine.search(text, session_id=session, **wanted) for q, text, session in queries}
-                tmp = file.with_suffix(".tmp")
-                tmp.write_text(json.dumps({q: s.to_dict() for q, s in found.items()}), encoding="utf-8")
-                os.replace(tmp, file)
-        _searches.update(file=file, by_query=found)
+                _write_atomic(file, json.dumps({"built_for": fresh, "searches": {q: s.to_dict() for q, s in found.items()}}))
+        _searches.update(file=(file, fresh), by_query=found)
     return _searches["by_query"]
 
 
 def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, naive: dict, r: DictConfig, max_tokens: int,
-                  rendered: bool = False, found: dict[str, Signals] | None = None) -> list[dict]:
-    """Per-query quality of one config. ``found``: the queries' searches (:func:`searches`) to fuse;
+                  rendered: bool = False, found: dict[str, Signals] | None = None) -> tuple[list[dict], dict]:
+    """Per-query quality of one config and every query's ranking ({qid: [(doc id, score)]}, as deep
+    as it was retrieved: the TREC run). ``found``: the queries' searches (:func:`searches`) to fuse;
     None searches afresh. Each query is ranked once: the budgeted answer and the ``depth``-deep
     ranking scored come from the same recall."""
     run: dict[str, dict[str, float]] = {}
+    rankings: dict[str, list[tuple[str, float]]] = {}
     rows: list[dict] = []
     kwargs = _recall_kwargs(r)
     top_k = int(r.top_k)
@@ -254,23 +246,32 @@ def _quality_pass(engine: MemoryEngine, dataset: EvalDataset, doc_ids: dict, nai
                                    ranking=depth, **kwargs)
             received, tokens, ranking = answer["memories"], answer["total_tokens"], answer["ranking"]
         n = len(ranking)
-        run[qid] = {d: float(n - i) for i, m in enumerate(ranking) for d in doc_ids[str(m["id"])]}
+        # An exact duplicate text is one memory credited to each of its documents: they share its score.
+        rankings[qid] = [(d, float(n - i)) for i, m in enumerate(ranking) for d in doc_ids[str(m["id"])]]
+        run[qid] = dict(rankings[qid])
         seen = [d for m in received for d in doc_ids[str(m["id"])]]
         top = [d for m in ranking[:10] for d in doc_ids[str(m["id"])]]
+        # The dense cosines of this query's relevant documents and of the best other one (calibrate-floor).
+        relevant = {d for d, g in dataset.qrels[qid].items() if g > 0}
+        dense = [(doc_ids[str(i)], score) for i, score in (signals.dense or ())] if signals is not None else []
+        dense_relevant = [score for ids, score in dense if relevant & set(ids)]
+        dense_other = next((score for ids, score in dense if not relevant & set(ids)), None)
         rows.append({"query_id": qid, "tune": qid in tune, "test": qid in test, "session": session,
                      **dataset.query_info.get(qid, {}),
                      "tokens_returned": tokens, "tokens_naive": naive[qid],
                      "memories_returned": len(received), "budget_recall": recall_within(seen, dataset.qrels[qid]),
-                     "retrieved": ";".join(top), "relevant": ";".join(d for d, g in dataset.qrels[qid].items() if g > 0)})
+                     "dense_relevant_max": max(dense_relevant, default=None), "dense_other_max": dense_other,
+                     "retrieved": ";".join(top), "received": ";".join(seen), "relevant": ";".join(d for d, g in dataset.qrels[qid].items() if g > 0)})
     quality = per_query_quality({q["query_id"]: dataset.qrels[q["query_id"]] for q in rows}, run)
     for row in rows:
         row.update(quality[row["query_id"]])
-    return rows
+    return rows, rankings
 
 
-def _timing_pass(cfg: DictConfig, dataset: EvalDataset, db: Path, engine_settings: dict, models_dir: Path, base: Path,
-                 max_tokens: int) -> tuple[dict[str, float], int]:
-    """Live latencies of the test split's first ``latency.queries`` queries, after a warm-up on others."""
+def _timing_pass(cfg: DictConfig, dataset: EvalDataset, db: Path, engine_settings: dict, model: EvalModel, models_dir: Path,
+                 max_tokens: int) -> dict:
+    """Live latencies of the test split's first ``latency.queries`` queries, after a warm-up on others,
+    in ``latency.passes`` passes with the host's load sampled during each (``evals.timing``)."""
     test = dataset.split_ids(dataset.test_split)
     sample = test[: int(cfg.latency.queries)]
     others = [q for q in dataset.judged if q not in set(sample)] or sample
@@ -281,24 +282,30 @@ def _timing_pass(cfg: DictConfig, dataset: EvalDataset, db: Path, engine_setting
 
     r = cfg.retrieval
     kwargs = {"max_tokens": max_tokens, "top_k": int(r.top_k), **_recall_kwargs(r)}
-    embedder = live_embedder(cfg.embedder, models_dir, base)
+    embedder = live_embedder(model, models_dir)
+    lat = cfg.latency
     with MemoryEngine(TinyContextConfig(memory_db_path=db, **engine_settings), embedder=embedder) as engine:
-        ms = recall_latencies(engine, pairs(sample), pairs(warmup), kwargs)
-    return dict(zip(sample, ms)), len(sample)
+        passes = timing_passes(lambda: recall_latencies(engine, pairs(sample), pairs(warmup), kwargs),
+                               passes=int(lat.get("passes", 3)), max_competing_cores=float(lat.get("max_competing_cores", 0.5)),
+                               retries=int(lat.get("retries", 2)))
+    return {"queries": sample, "passes": passes, "max_competing_cores": float(lat.get("max_competing_cores", 0.5))}
 
 
-def _probe(cfg: DictConfig, dataset: EvalDataset, spec: str, models_dir: Path, index_overrides: dict,
-           shared_dir: Path | None) -> dict:
+def _probe(cfg: DictConfig, dataset: EvalDataset, model: EvalModel, models_dir: Path, index_overrides: dict,
+           shared_dir: Path | None, fresh: str | None = None) -> dict:
     """Indexing throughput and peak RSS: the median of ``latency.probe_runs`` fresh processes, once per
     model and engine settings in this process, and once per sweep when ``shared_dir`` (the sweep
-    directory) is given: the workers of a sweep share the figures instead of each probing again."""
+    directory) is given: the workers of a sweep share the figures instead of each probing again.
+    Keyed by the host, package versions and engine code too, and by ``fresh`` (``force=true``)."""
     n = int(cfg.latency.index_sample)
-    request = {"model": spec, "models_dir": str(models_dir), **_embedder_args(cfg.embedder), "engine": index_overrides,
+    request = {"models_dir": str(models_dir), "fields": model.engine_fields(), "pooling": cfg.embedder.get("pooling") or None,
+               "engine": index_overrides,
                "docs": [{"text": d.text, "session": d.session} for d in dataset.docs[: n + 8]],
                "queries": [{"text": dataset.queries[q], "session": dataset.query_sessions[q] if dataset.query_sessions else None}
                            for q in dataset.judged[:5] if not dataset.query_sessions
                            or dataset.query_sessions[q] in {d.session for d in dataset.docs[: n + 8]}]}
-    key = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+    where = {"host": socket.gethostname(), "packages": environment()["packages"], "engine": engine_source(), "fresh": fresh}
+    key = hashlib.sha256(json.dumps([request, where], sort_keys=True).encode()).hexdigest()
     if key in _probes:
         return _probes[key]
     file = shared_dir / f".probe-{key[:20]}.json" if shared_dir is not None else None
@@ -311,9 +318,7 @@ def _probe(cfg: DictConfig, dataset: EvalDataset, spec: str, models_dir: Path, i
               "index_sample_docs": runs[0]["index_sample_docs"], "peak_rss_mb": float(np.median(rss)),
               "peak_rss_mb_min": min(rss), "peak_rss_mb_max": max(rss), "probe_runs": len(runs)}
     if file is not None:
-        tmp = file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result), encoding="utf-8")
-        os.replace(tmp, file)
+        _write_atomic(file, json.dumps(result))
     _probes[key] = result
     return result
 
@@ -331,13 +336,16 @@ def is_default(cfg: DictConfig, engine_settings: dict) -> bool:
 
 
 def job_key(cfg: DictConfig, dataset: EvalDataset, vectors: str) -> str:
-    """What a result depends on: the config (not where files live), the data and its loader code, the
-    vectors (model file, pooling, embedding code, onnxruntime) and the engine and harness source."""
+    """What a result depends on: the config (not where files live) with its latency settings, the data
+    and its loader code, the vectors (model file, pooling, embedding code, onnxruntime; a server's
+    model and probe vectors), the engine and harness source, and where cost was measured: the host
+    and the package versions (a reused job's latency, RSS and rates were measured under the same)."""
     config = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_KEY}
     config["dataset"] = {k: v for k, v in config["dataset"].items() if k not in ("path", "cache_dir")}
-    config["embedder"] = {k: v for k, v in config["embedder"].items() if k != "model"}
+    config["embedder"] = {k: v for k, v in config["embedder"].items() if k not in ("model", "url")}
     parts = {"config": config, "dataset": [dataset.fingerprint, dataset.info.get("loader_code")], "vectors": vectors,
-             "engine": engine_source(), "harness": harness_source()}
+             "engine": engine_source(), "harness": harness_source(), "host": socket.gethostname(),
+             "packages": environment()["packages"]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -345,62 +353,59 @@ def _flat(prefix: str, values: dict) -> dict:
     return {f"{prefix}.{k}": v for k, v in values.items()}
 
 
-def _split_summary(per_query: pd.DataFrame, prefix: str) -> dict:
-    out = {}
-    for name in QUALITY:
-        out.update({f"{prefix}{k}": v for k, v in summary(per_query[name].to_numpy(), name).items()})
-    return out
-
-
-def _category_summary(test: pd.DataFrame) -> dict:
-    out = {}
-    if "category" not in test:
-        return out
-    for category, part in test.groupby("category"):
-        out[f"cat{category}_queries"] = len(part)
-        for name in CATEGORY_METRICS:
-            out.update({f"cat{category}_{k}": v for k, v in summary(part[name].to_numpy(), name).items()})
-    return out
-
-
-def write_outputs(output_dir: Path, record: dict, per_query: pd.DataFrame) -> None:
+def write_outputs(output_dir: Path, record: dict, per_query: pd.DataFrame, files: dict[str, bytes]) -> None:
+    """result.json, per_query.csv and the TREC run and qrels files of a job, each written atomically (a
+    shared sweep dir never shows half a file); ``files`` holds per_query.csv's bytes as hashed."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in (("per_query.csv", per_query.to_csv(index=False)),
-                       ("result.json", json.dumps(record, indent=2, default=str))):
+    for name, data in [*files.items(), ("result.json", json.dumps(record, indent=2, default=str).encode())]:
         tmp = output_dir / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, output_dir / name)  # atomic: a shared sweep dir never shows half a file
+        tmp.write_bytes(data)
+        os.replace(tmp, output_dir / name)
 
 
 def _store_path(cfg: DictConfig, base: Path) -> Path:
     return (base / Path(cfg.results_store).expanduser()).resolve()
 
 
+def check_splits(cfg: DictConfig, dataset: EvalDataset) -> bool:
+    """True when configs are tuned on the split they are reported on (allowed only with
+    ``allow_test_tuning=true``, and then labelled on every output)."""
+    same = dataset.tune_split == dataset.test_split and dataset.cross_validate is None
+    if same and not cfg.get("allow_test_tuning"):
+        raise ConfigError(
+            f"dataset.tune_split={dataset.tune_split} is also the test split: a config chosen on it would be reported "
+            "on the queries it was chosen on. Tune on another split (SciFact: train), or pass allow_test_tuning=true "
+            "to do it anyway (every output is then labelled tuned-on-test).", split=dataset.tune_split)
+    return same
+
+
 def reuse_finished(cfg: DictConfig, output_dir: Path, overrides: list[str] = ()) -> dict | None:
-    """If this job (same config, data, model and code) finished before and ``force`` is off, write its
-    result.json and per_query.csv from the results store into ``output_dir`` and return its record."""
+    """If this job (same config, data, model, code, host and packages) finished before and ``force`` is
+    off, write its files from the results store into ``output_dir`` and return its record. A stored
+    job whose content hash fails is refused (``TamperedError``)."""
     if cfg.get("force"):
         return None
     base = Path(cfg.base_dir).expanduser().resolve()
     dataset = get_dataset(cfg.dataset, base)
-    bundle = resolve_model(resolve_model_spec(str(cfg.embedder.model), base), (base / Path(cfg.models_dir).expanduser()).resolve())
-    key = job_key(cfg, dataset, model_key(bundle, cfg.embedder.pooling or None))
+    check_splits(cfg, dataset)
+    model = describe(cfg.embedder, (base / Path(cfg.models_dir).expanduser()).resolve(), base)
+    key = job_key(cfg, dataset, model.vectors)
     with ResultsStore(_store_path(cfg, base)) as store:
         hit = store.find(key)
     if hit is None:
         return None
-    record, per_query = hit
+    record, per_query, files = hit
     record["reused_run"] = {"run_id": record["run_id"], "finished_at": record["finished_at"]}
     record["row"]["overrides"] = " ".join(overrides)
-    write_outputs(output_dir, record, per_query)
+    write_outputs(output_dir, record, per_query, files)
     log.info("job %s already finished (run %s, %s): reused; force=true runs it again", key, record["run_id"],
              record["finished_at"])
     return record
 
 
 def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = (), sweep_dir: Path | None = None) -> dict:
-    """Evaluate one composed config; write result.json and per_query.csv into ``output_dir``
-    (``sweep_dir``: the sweep it belongs to, whose jobs share one probe per model)."""
+    """Evaluate one composed config; write result.json, per_query.csv and the TREC run and qrels files
+    into ``output_dir`` (``sweep_dir``: the sweep it belongs to, whose jobs share one probe per model)."""
     started = time.perf_counter()
     if (record := reuse_finished(cfg, output_dir, overrides)) is not None:
         return record
@@ -410,10 +415,11 @@ def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = (), swe
     store_path = _store_path(cfg, base)
     index_overrides, recall_overrides = _overrides(cfg.engine.index), _overrides(cfg.engine.recall)
     engine_settings = {**index_overrides, **recall_overrides}
-    spec = resolve_model_spec(str(cfg.embedder.model), base)
     dataset = get_dataset(cfg.dataset, base)
-    bundle = resolve_model(spec, models_dir)
-    key = job_key(cfg, dataset, model_key(bundle, cfg.embedder.pooling or None))
+    tuned_on_test = check_splits(cfg, dataset)
+    model = describe(cfg.embedder, models_dir, base)
+    key = job_key(cfg, dataset, model.vectors)
+    fresh = fresh_token(cfg, output_dir, sweep_dir)
 
     r, max_tokens = cfg.retrieval, int(cfg.budget.max_tokens)
     # Where a job's time goes (seconds per phase), so sweep overheads can be found in results.csv.
@@ -427,62 +433,67 @@ def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = (), swe
 
     phase("setup")
     with computing(cache_dir):
-        embedder = get_embedder(cfg.embedder, models_dir, cache_dir, base)
+        embedder = cached_embedder(model, cache_dir, models_dir)
+        embedder.refresh = fresh  # force=true: vectors are computed again, once per launch
         computed, hits = embedder.computed, embedder.hits  # the embedder outlives jobs: count this one's only
-        db, index = ensure_index(dataset, embedder, cache_dir, index_overrides)
+        db, index = ensure_index(dataset, embedder, cache_dir, index_overrides, fresh)
         phase("index")
         with MemoryEngine(TinyContextConfig(memory_db_path=db, **engine_settings), embedder=embedder) as engine:
-            found = searches(engine, dataset, db, engine_settings, r)
+            found = searches(engine, dataset, db, engine_settings, r, fresh)
             phase("search")
-            rows = _quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, max_tokens,
-                                 bool(cfg.budget.get("rendered", False)), found)
+            rows, rankings = _quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, max_tokens,
+                                           bool(cfg.budget.get("rendered", False)), found)
         phase("quality")
     with timing_alone(cache_dir):
         phase("wait_alone")
-        latencies, timed = _timing_pass(cfg, dataset, db, engine_settings, models_dir, base, max_tokens)
+        latency = _timing_pass(cfg, dataset, db, engine_settings, model, models_dir, max_tokens)
         phase("timing")
-        cost = _probe(cfg, dataset, spec, models_dir, index_overrides, sweep_dir)
+        cost = _probe(cfg, dataset, model, models_dir, index_overrides, sweep_dir, fresh)
         phase("probe")
-        load_at_timing = [round(x, 2) for x in os.getloadavg()]
 
     per_query = pd.DataFrame(rows)
-    per_query.insert(3, "latency_ms", per_query["query_id"].map(latencies))
-    tune, test = per_query[per_query["tune"]], per_query[per_query["test"]]
+    first_pass = dict(zip(latency["queries"], latency["passes"][0]["ms"])) if latency["passes"] else {}
+    per_query.insert(3, "latency_ms", per_query["query_id"].map(first_pass))
     inner = embedder.inner
     row = {
-        "dataset": dataset.name, "embedder": cfg.embedder.name, "model": bundle.name, "pooling": inner.pooling,
-        "model_pooling": bundle.pooling, "query_prefix": inner.query_prefix, "document_prefix": inner.document_prefix,
+        "dataset": dataset.name, "embedder": cfg.embedder.name, "backend": model.backend, "model": model.facts["model"],
+        "pooling": pooling(inner), "model_pooling": model.facts["model_pooling"], "query_prefix": inner.query_prefix,
+        "document_prefix": inner.document_prefix,
         "dense_weight": float(r.dense_weight), "rrf_k": float(r.rrf_k), "top_k": int(r.top_k), "candidates": int(r.candidates),
         "max_tokens": max_tokens, **_flat("engine", engine_settings), **_flat("recall", _overrides(r.get("kwargs"))),
-        "is_default": is_default(cfg, engine_settings),
+        "is_default": is_default(cfg, engine_settings), "tuned_on_test": tuned_on_test,
         "tune_split": dataset.tune_split, "test_split": dataset.test_split, "cross_validate": dataset.cross_validate,
-        **_split_summary(test, ""), **_split_summary(tune, "tune_"),
-        **token_summary(test["tokens_returned"].tolist(), test["tokens_naive"].tolist(),
-                        tool_schema_tokens(TinyContextConfig(memory_db_path=db, **engine_settings))),
-        **latency_summary(list(latencies.values())), "latency_queries": timed,
-        **cost, "model_mb": bundle.model_file.stat().st_size / 2**20,
+        **summarise(per_query, latency, tool_schema_tokens(TinyContextConfig(memory_db_path=db, **engine_settings))),
+        **cost, "model_mb": model.facts["model_mb"],
         "index_build_seconds": index["build_seconds"], "index_reused": index["reused"], "index_embedded": index["embedded"],
-        **_category_summary(test),
-        "queries_tune": len(tune), "queries_test": len(test), "docs": index["docs"], "memories": index["memories"],
-        "embedding_model": spec, "overrides": " ".join(overrides),
+        "docs": index["docs"], "memories": index["memories"],
+        "embedding_model": model.spec, "overrides": " ".join(overrides),
     }
     row["run_seconds"] = time.perf_counter() - started
     row.update(phases)
     env = environment()
-    env["load_average_at_timing"] = load_at_timing
+    splits = list(dict.fromkeys([dataset.tune_split, dataset.test_split]))
+    files = {"per_query.csv": per_query.to_csv(index=False).encode()}
+    for split in splits:
+        qids = dataset.split_ids(split)
+        files[run_file(split)] = trec_run(rankings, qids).encode()
+        files[qrels_file(split)] = trec_qrels(dataset.qrels, qids).encode()
     record = {
         "run_id": uuid.uuid4().hex, "job_key": key, "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "row": row,
+        "latency": latency,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "dataset": {"name": dataset.name, "fingerprint": dataset.fingerprint, **dataset.info,
                     "tune_split": dataset.tune_split, "test_split": dataset.test_split, "cross_validate": dataset.cross_validate},
-        "model": {"identity": embedder.identity, "sha256": file_sha256(bundle.model_file), "path": str(bundle.path),
-                  "vector_key": embedder.key},
+        "model": {"identity": embedder.identity, **model.facts, "vector_key": embedder.key,
+                  "engine_fields": model.engine_fields()},
         "embedding_cache": {"computed": embedder.computed - computed, "hits": embedder.hits - hits},
+        "fresh": fresh,
         "manifest": {"git": git_state(), "code": {"engine": engine_source(), "harness": harness_source()},
                      "host": socket.gethostname(), **env},
     }
-    write_outputs(output_dir, record, per_query)
+    seal(record, files)
+    write_outputs(output_dir, record, per_query, files)
     with ResultsStore(store_path) as store:
-        store.append(record, per_query)
+        store.append(record, files)
     return record

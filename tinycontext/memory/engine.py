@@ -494,6 +494,15 @@ class MemoryEngine:
                                   **({"below_cliff": ranked["below_cliff"]} if ranked["below_cliff"] else {}),
                                   **({"mode": "keyword"} if self.embedder is None else {})} or None)
 
+    def default_min_dense(self) -> float:
+        """The relevance floor: ``recall_min_dense`` when set, else the floor the embedding model states
+        (a bundle's ``model_config.json`` ``min_dense``, ``embedding_min_dense`` for a server), else the
+        default (0.3, tuned for all-MiniLM-L6-v2: other models' cosines live on other scales)."""
+        stated = getattr(self.embedder, "min_dense", None)
+        if "recall_min_dense" in self.config.model_fields_set or stated is None:
+            return self.config.recall_min_dense
+        return float(stated)
+
     def _rank(self, query: str, *, session_id: str | None, top_k: int | None, tags: Sequence[str] | None, offset: int,
               dense_weight: float | None = None, rrf_k: float | None = None, candidates: int | None = None,
               filters: Filters | dict | None = None, episode_weight: float | None = None,
@@ -512,7 +521,7 @@ class MemoryEngine:
         episode_weight = _check_number(self.config.recall_episode_weight if episode_weight is None else episode_weight, "episode_weight", 0.0, 10.0)
         neighbour_weight = _check_number(self.config.recall_neighbour_weight if neighbour_weight is None else neighbour_weight, "neighbour_weight", 0.0, 1.0)
         speaker_boost = _check_number(self.config.recall_speaker_boost if speaker_boost is None else speaker_boost, "speaker_boost", 0.0, 10.0)
-        min_dense = _check_number(self.config.recall_min_dense if min_dense is None else min_dense, "min_dense", 0.0, 1.0)
+        min_dense = _check_number(self.default_min_dense() if min_dense is None else min_dense, "min_dense", 0.0, 1.0)
         cliff = _check_number(self.config.recall_score_cliff if score_cliff is None else score_cliff, "score_cliff", 0.0, 0.99)
         time_boost = _check_number(self.config.recall_time_boost if time_boost is None else time_boost, "time_boost", 0.0, 10.0)
         fusion = self.config.recall_fusion if fusion is None else fusion

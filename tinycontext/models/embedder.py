@@ -58,6 +58,8 @@ class ModelBundle:
     document_prefix: str = ""
     sha256: str = ""
     extra: dict = field(default_factory=dict)
+    # The relevance floor (dense cosine) this model's scores call for, when its config states one.
+    min_dense: float | None = None
 
     @classmethod
     def from_folder(cls, path: Path, *, name: str | None = None, revision: str = "", sha256: str = "", model_file: Path | None = None) -> "ModelBundle":
@@ -94,6 +96,7 @@ class ModelBundle:
                 query_prefix=cfg.get("query_prefix", "") or "",
                 document_prefix=cfg.get("document_prefix", "") or "",
                 sha256=sha256,
+                min_dense=None if cfg.get("min_dense") is None else float(cfg["min_dense"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelUnavailableError(f"{config_file} is missing or has a bad 'dimensions'/'max_tokens': {exc}.", path=str(config_file)) from exc
@@ -128,6 +131,7 @@ class Embedder:
         self.query_prefix = query_prefix or bundle.query_prefix
         self.document_prefix = document_prefix or bundle.document_prefix
         self.pooling = pooling or bundle.pooling
+        self.min_dense = bundle.min_dense
         if self.pooling not in POOLINGS or (self.pooling == "static") != (bundle.pooling == "static"):
             raise ModelUnavailableError(f"Pooling {self.pooling!r} cannot be used with {bundle.name} (its own is {bundle.pooling!r}).")
         self.dimensions = bundle.dimensions

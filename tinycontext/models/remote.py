@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
 
-from ..errors import MissingExtraError, ModelMismatchError, ModelUnavailableError
+from ..errors import ConfigError, MissingExtraError, ModelMismatchError, ModelUnavailableError
 
 if TYPE_CHECKING:
     from ..config import TinyContextConfig
@@ -45,12 +45,22 @@ def endpoint(base_url: str, wire: Wire) -> str:
     return url + path
 
 
+def _params(value: dict | None, role: str) -> dict:
+    """Extra request fields of one role; ``model`` and ``input`` are the embedder's own."""
+    params = dict(value or {})
+    taken = sorted({"model", "input"} & set(params))
+    if taken:
+        raise ConfigError(f"embedding_{role}_params may not set {', '.join(taken)}: the embedder sends those itself.")
+    return params
+
+
 class RemoteEmbedder:
     """Embeds through an embedding server. Thread-safe."""
 
     def __init__(self, url: str, model: str, *, wire: Wire = "openai", api_key: str | None = None, timeout: float = 30.0,
                  concurrency: int = 4, batch_size: int = 32, retries: int = 3, backoff: float = 0.25,
-                 query_prefix: str = "", document_prefix: str = "", dimensions: int | None = None):
+                 query_prefix: str = "", document_prefix: str = "", dimensions: int | None = None,
+                 query_params: dict | None = None, document_params: dict | None = None, min_dense: float | None = None):
         try:
             import httpx
         except ImportError as exc:
@@ -61,6 +71,8 @@ class RemoteEmbedder:
         self.timeout, self.retries, self.backoff = float(timeout), int(retries), float(backoff)
         self.batch_size = max(1, int(batch_size))
         self.query_prefix, self.document_prefix = query_prefix, document_prefix
+        self.query_params, self.document_params = _params(query_params, "query"), _params(document_params, "document")
+        self.min_dense = min_dense  # the relevance floor its model calls for (engine.default_min_dense)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=httpx.Timeout(self.timeout), headers=headers, follow_redirects=False)
         self._pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)), thread_name_prefix="tinycontext-embed")
@@ -68,7 +80,7 @@ class RemoteEmbedder:
         self.dimensions = dimensions or 0
         self.model: str | None = None
         # One short request learns the dimensions and the model the server really serves.
-        self.dimensions = int(self._batch([PROBE_TEXT], time.monotonic() + self.timeout).shape[1])
+        self.dimensions = int(self._batch([PROBE_TEXT], time.monotonic() + self.timeout, self.query_params).shape[1])
 
     @classmethod
     def from_config(cls, config: "TinyContextConfig", *, wire: Wire) -> "RemoteEmbedder":
@@ -79,12 +91,20 @@ class RemoteEmbedder:
         return cls(config.embedding_url, config.embedding_model, wire=wire, api_key=key, timeout=config.embedding_timeout_s,
                    concurrency=config.embedding_concurrency, batch_size=config.embedding_batch_size,
                    retries=config.embedding_retries, query_prefix=config.dense_query_prefix,
-                   document_prefix=config.dense_document_prefix, dimensions=config.embedding_dimensions)
+                   document_prefix=config.dense_document_prefix, dimensions=config.embedding_dimensions,
+                   query_params=config.embedding_query_params, document_params=config.embedding_document_params,
+                   min_dense=config.embedding_min_dense)
 
     @property
     def identity(self) -> dict:
-        return {"model": f"{self.wire}:{self.model}", "revision": "", "dimensions": self.dimensions, "pooling": "remote",
-                "query_prefix": self.query_prefix, "document_prefix": self.document_prefix}
+        identity = {"model": f"{self.wire}:{self.model}", "revision": "", "dimensions": self.dimensions, "pooling": "remote",
+                    "query_prefix": self.query_prefix, "document_prefix": self.document_prefix}
+        # Recorded only when set, so databases built before these fields existed keep their identity.
+        if self.query_params:
+            identity["query_params"] = self.query_params
+        if self.document_params:
+            identity["document_params"] = self.document_params
+        return identity
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -102,14 +122,15 @@ class RemoteEmbedder:
         if not texts:
             return np.zeros((0, self.dimensions), np.float32)
         prefix = self.query_prefix if kind == "query" else self.document_prefix
+        params = self.query_params if kind == "query" else self.document_params
         sent = [prefix + t for t in texts]
         deadline = time.monotonic() + self.timeout
         batches = [sent[i:i + self.batch_size] for i in range(0, len(sent), self.batch_size)]
         if len(batches) == 1:
-            return self._batch(batches[0], deadline)
+            return self._batch(batches[0], deadline, params)
         from tqdm.auto import tqdm
 
-        futures = [self._pool.submit(self._batch, batch, deadline) for batch in batches]
+        futures = [self._pool.submit(self._batch, batch, deadline, params) for batch in batches]
         try:
             parts = [f.result() for f in tqdm(futures, desc="embedding", unit="batch", disable=not progress, leave=False)]
         except BaseException:
@@ -118,14 +139,14 @@ class RemoteEmbedder:
             raise
         return np.concatenate(parts)
 
-    def _batch(self, texts: list[str], deadline: float) -> np.ndarray:
-        body = self._post(texts, deadline)
+    def _batch(self, texts: list[str], deadline: float, params: dict) -> np.ndarray:
+        body = self._post(texts, deadline, params)
         return self._vectors(body, len(texts))
 
-    def _post(self, texts: list[str], deadline: float) -> Any:
+    def _post(self, texts: list[str], deadline: float, params: dict) -> Any:
         import httpx
 
-        payload = {"model": self.requested_model, "input": texts}
+        payload = {**params, "model": self.requested_model, "input": texts}
         attempt, last = 0, ""
         while True:
             left = deadline - time.monotonic()

@@ -62,7 +62,7 @@ def check_items(items: Any) -> list[ScrapeItem]:
 
 # What decides the vectors an embedder makes (its cache, batch and thread settings do not).
 _VECTOR_FIELDS = ("embedding_backend", "embedding_model", "models_dir", "embedding_url", "embedding_dimensions",
-                  "dense_query_prefix", "dense_document_prefix")
+                  "dense_query_prefix", "dense_document_prefix", "embedding_query_params", "embedding_document_params")
 
 
 def shared_embedder(engine, config: TinyContextConfig):
