@@ -12,7 +12,7 @@ Run it on an idle machine (nothing else running): wall-clock figures are the poi
             five (50k memories), a 100k session; TinyContext 0.5.1 on the same 50k memories
   scale     1M memories, prebuilt (--db1m: a folder holding scale.db, see scripts/bench_scale.py):
             recall p50/p95, RSS, recall@10 of the quantised search vs exact, in a fresh process
-  serve     REST server, 1/4/8 concurrent clients, recall-heavy and save-heavy (scripts/bench_serve.py)
+  serve     REST and MCP (streamable HTTP), 1/4/16 clients, recall/mixed/save mixes, errors, lost writes (scripts/bench_serve.py)
   scifact   SciFact: abstracts/s ingest and test nDCG@10 of the default hybrid (BM25 only, dense only)
 
 The 10k/50k/100k databases are built here from real sentences (bench_engine.synthetic_memories) unless
@@ -253,8 +253,10 @@ def table(results: dict) -> str:
                       f"peak RSS {s['peak_rss_mb']:.0f} MB, DB {s['db_mb']:.0f} MB, first recall {s['first_recall_s']:.0f} s, "
                       f"recall@10 vs exact {s['dense_recall@10_vs_exact']:.3f}"]
     if "serve" in results:
-        lines += ["", "REST server (seeded with %d memories, %g s per cell):" % (results["serve"]["seed_memories"], results["serve"]["seconds_per_cell"])]
-        lines += [f"- {r['op']}, {r['clients']} clients: {r['per_s']:.1f}/s, p50 {r['p50_ms']:.1f} ms, p95 {r['p95_ms']:.1f} ms"
+        lines += ["", "Servers (seeded with %d memories, %g s per cell):" % (results["serve"]["seed_memories"], results["serve"]["seconds_per_cell"])]
+        lines += [f"- {r['server']} {r['mix']}, {r['clients']} clients: {r['per_s']:.1f}/s, p50 {r['p50_ms']:.1f} ms, p95 {r['p95_ms']:.1f} ms, "
+                  f"errors {r['errors']} (load {r['loadavg_1m']})" if "mix" in r else
+                  f"- {r['server']}: {r['acknowledged_saves']} saves acknowledged, {r['memories_after']} memories after, lost {r['lost_writes']}"
                   for r in results["serve"]["results"]]
     if "scifact" in results:
         s = results["scifact"]
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
     runners = {"embed": lambda: part_embed(args.small), "ingest": lambda: part_ingest(args.workdir, args.small),
                "recall": lambda: part_recall(args.workdir, args.db100k, args.small),
                "scale": lambda: part_scale(args.workdir, args.db1m, args.small),
-               "serve": lambda: bench_serve.run(2.0 if args.small else 5.0, [1, 4, 8], 1000, "fast"),
+               "serve": lambda: bench_serve.run(2.0 if args.small else 5.0, [1, 4, 16], 1000, "fast", ["rest", "mcp"], list(bench_serve.MIXES)),
                "scifact": lambda: part_scifact(args.workdir, args.small)}
     for part in parts:
         t = time.perf_counter()
