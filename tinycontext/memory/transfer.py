@@ -30,7 +30,8 @@ from typing import IO, Callable, Iterable, Iterator
 
 import numpy as np
 
-from .engine import MemoryEngine, _check_session
+from .checks import check_session
+from .engine import MemoryEngine
 from ..errors import InvalidInputError, SessionNotFoundError, StorageError
 from ..retrieval.filters import parse_time
 from ..models.hub import REGISTRY
@@ -274,7 +275,7 @@ def _run(engine: MemoryEngine, items: Callable[[], Iterable[_Pending | tuple]], 
     for item in items():
         if isinstance(item, tuple):
             try:
-                _check_session(item[1])
+                check_session(item[1])
             except InvalidInputError as exc:
                 raise _bad(item[3], exc.message) from exc
         else:
