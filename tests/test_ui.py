@@ -171,3 +171,28 @@ def test_every_asset_ships_in_the_wheel_and_is_served():
     for path in files:
         relative = path.relative_to(repo / "tinycontext")
         assert any(relative.match(pattern) for pattern in patterns), relative
+
+
+def test_the_ui_command_serves_the_page_on_loopback_and_prints_its_url(env):
+    """`tinycontext ui --no-open`: MCP_HOST is ignored (loopback only), port 0 picks a free port, and the
+    printed URL is the page; SIGTERM stops it cleanly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    full = {**os.environ, **env, "MCP_HOST": "0.0.0.0"}
+    process = subprocess.Popen([sys.executable, "-m", "tinycontext.cli.commands", "ui", "--no-open"], env=full,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("Memory browser: http://127.0.0.1:") and line.rstrip().endswith("/ui"), (line, process.stderr.read())
+        url = line.split(": ", 1)[1].strip()
+        page = httpx.get(url, timeout=30)
+        assert page.status_code == 200 and "/ui/static/app.js" in page.text
+        base = url.removesuffix("/ui")
+        assert httpx.get(base + "/ui/api/overview", headers=UI, timeout=30).json()["memories"] == 0
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err

@@ -438,6 +438,24 @@ def serve(args):
     run_server(settings, config_of(args), rest=args.rest)
 
 
+@command("ui", "open the memory browser: the REST server on 127.0.0.1 with its page at /ui",
+         lambda p: (p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)"),
+                    p.add_argument("--no-open", action="store_true", help="print the URL only; do not start a web browser")))
+def ui(args):
+    import webbrowser
+
+    from ..servers.http import ServeSettings
+    from ..servers.http import serve as run_server
+
+    def started(base: str) -> None:
+        print(f"Memory browser: {base}/ui", flush=True)
+        if not args.no_open:
+            webbrowser.open(base + "/ui")
+
+    # Loopback only, whatever MCP_HOST says: the browser is for the person at this machine.
+    run_server(ServeSettings.from_env(host="127.0.0.1", port=args.port), config_of(args), rest=True, on_started=started)
+
+
 def existing_store(args):
     from ..errors import StorageError
     from ..memory.store import Store
