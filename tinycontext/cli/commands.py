@@ -508,20 +508,34 @@ def _export_to_file(store, path: Path, args) -> int:
 
 
 def _import_args(parser):
-    parser.add_argument("path", help="a `tinycontext export` JSONL file ('-' for stdin) or a legacy TinyContext SQLite database")
+    from ..memory.transfer import FORMATS
+
+    parser.add_argument("path", help="what to import: a file ('-' for stdin, TinyContext exports only), or a folder for basic-memory")
+    parser.add_argument("--format", default="tinycontext", choices=list(FORMATS), metavar="NAME",
+                        help="the tool that wrote it: " + "; ".join(f"{f.name}: {f.reads}" for f in FORMATS.values())
+                        + " (default: tinycontext)")
+    parser.add_argument("--session", help="session for other tools' memories (default: 'default'); TinyContext exports keep theirs")
+    parser.add_argument("--dry-run", action="store_true", help="count what would be imported and skipped; change nothing")
     add_json(parser)
 
 
-@command("import", "import a JSONL export, or a legacy TinyContext (tinysuite-context) database", _import_args)
+@command("import", "import memories: a TinyContext export or legacy database, or another tool's (--format)", _import_args)
 def import_(args):
-    from ..memory.transfer import import_file, import_jsonl
+    from ..memory.transfer import import_jsonl, import_path
 
+    if args.path == "-" and args.format != "tinycontext":
+        raise InvalidInputError("Only a TinyContext export can be read from stdin ('-'); give the file's path for --format " + args.format + ".")
     with open_engine(args) as engine:
-        report = (import_jsonl(engine, sys.stdin, source="stdin") if args.path == "-" else import_file(engine, args.path)).to_dict()
-    text = (f"Imported {plural(report['imported'], 'memory', 'memories')} ({plural(report['history'], 'old version')}, "
-            f"{report['embedded']} embedded), skipped {report['skipped']} already present.")
+        report = (import_jsonl(engine, sys.stdin, source="stdin", dry_run=args.dry_run) if args.path == "-" else
+                  import_path(engine, args.path, format=args.format, session_id=args.session, dry_run=args.dry_run)).to_dict()
+    verb = "Would import" if report["dry_run"] else "Imported"
+    text = (f"{verb} {plural(report['imported'], 'memory', 'memories')} ({plural(report['history'], 'old version')}, "
+            f"{report['embedded']} embedded), skipped {report['skipped']} already present")
+    text += f", ignored {report['ignored']} deleted at the source." if report["ignored"] else "."
     if report["renumbered"]:
         text += f" {len(report['renumbered'])} took new ids because theirs were taken (see --json)."
+    if report["dry_run"]:
+        text += " Dry run: nothing was changed."
     emit(args, report, text)
 
 
