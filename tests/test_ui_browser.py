@@ -190,3 +190,23 @@ def test_a_token_server_asks_for_the_token(chromium, hash_engine):
             assert page.locator("#token-form").is_hidden() and not opened.foreign()
         finally:
             opened.context.close()
+
+
+def test_keyboard_alone_reaches_the_views_and_the_search_controls_in_reading_order(ui):
+    page = ui.open()
+    page.get_by_role("cell", name="proj", exact=True).wait_for()
+    focused = []
+    for _ in range(3):
+        page.keyboard.press("Tab")
+        focused.append(page.evaluate("document.activeElement.textContent.trim()"))
+    assert focused == ["Sessions", "Search", "Browse"]
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Enter")  # follows the Search link
+    page.wait_for_function("document.activeElement && document.activeElement.id === 'q'")
+    order = []
+    for _ in range(4):
+        page.keyboard.press("Tab")
+        order.append(page.evaluate("document.activeElement.id || document.activeElement.textContent.trim()"))
+    assert order == ["search-session", "search-budget", "search-detail", "Search"]
+    # Every clickable control is a real button or link, so Enter and Space work on it.
+    assert page.evaluate("[...document.querySelectorAll('[onclick], [role=button]')].length") == 0
