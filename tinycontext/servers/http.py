@@ -14,6 +14,7 @@ from starlette.types import ASGIApp
 
 from ..config import TinyContextConfig
 from ..errors import ConfigError, MissingExtraError, ModelMismatchError
+from . import otel
 from .guard import TRANSPORTS, ServeSettings, is_loopback, protect
 
 __all__ = ["TRANSPORTS", "ServeSettings", "background", "mcp_app", "rest_app", "serve"]
@@ -106,6 +107,7 @@ def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, r
     if settings.transport == "stdio" and not rest:
         raise ConfigError("The stdio transport is not a network server: run `tinycontext mcp`.")
     config = config or load_config()
+    otel.configure()
     try:
         engine = get_engine(config)
         try:
