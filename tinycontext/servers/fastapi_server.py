@@ -24,7 +24,7 @@ from ..config import TinyContextConfig, load_config
 from ..memory.engine import MemoryEngine, get_engine
 from ..errors import InvalidInputError, TinyContextError
 from ..web.clock import current_datetime
-from . import otel, tools
+from . import otel, tools, ui
 from .guard import ServeSettings, protect
 from .health import health_report
 from .mcp_schemas import (
@@ -51,7 +51,7 @@ STATUS = {
     "model_unavailable": 503, "model_mismatch": 503, "config_error": 503, "storage_error": 503, "missing_extra": 503,
     "blocked": 403, "browser_busy": 503, "browser_error": 502,
 }
-HTTP_CODES = {400: "invalid_input", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+HTTP_CODES = {400: "invalid_input", 403: "forbidden", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
 
 class Health(BaseModel):
@@ -121,7 +121,8 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     # Swagger UI and ReDoc from the fastapi-offline package's files: /docs works without a network.
     app = FastAPIOffline(title="TinyContext", version=__version__, responses=ERRORS, telemetry=otel.FASTAPI_TELEMETRY_OFF,
                          description="Token-light local memory for AI agents: the MCP tools over REST.")
-    protect(app, settings)
+    protect(app, settings, open_paths=ui.OPEN_PATHS)
+    ui.add_routes(app, engines)  # the memory browser at /ui
 
     @app.exception_handler(TinyContextError)
     async def engine_error(_request: Request, err: TinyContextError) -> JSONResponse:
