@@ -330,7 +330,6 @@ class MemoryEngine:
             # All stored neighbours in one matrix product (None: session too big for the copy, ask vec0).
             neighbours = self.index.nearest(session, vectors) if check else [None] * len(items)
             created = now_iso()
-            conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, created))
             batch_seen: dict[str, int] = {}
             batch_kept: list[tuple[int, np.ndarray]] = []
             episodes: dict[str, int] = {}
@@ -361,6 +360,8 @@ class MemoryEngine:
                         skipped.append({**report, "reason": "near_duplicate"})
                         continue
                     near.append(report)
+                if not rows:  # the session is created with its first memory: a call that only skips adds nothing
+                    conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, created))
                 key = item.episode if restored is not None else item.episode or call_episode or self._auto_episode(item, auto_key)
                 if key is not None and key not in episodes:
                     conn.execute("INSERT OR IGNORE INTO episodes(session_id, key, created_at) VALUES (?, ?, ?)", (session, key, created))

@@ -24,7 +24,7 @@ from ..config import TinyContextConfig, load_config
 from ..memory.engine import MemoryEngine, get_engine
 from ..errors import InvalidInputError, TinyContextError
 from ..web.clock import current_datetime
-from . import manage, tools
+from . import manage, tools, ui
 from .activity import RestRecorder, http_caller
 from .guard import ServeSettings, protect
 from .health import health_report
@@ -52,7 +52,7 @@ STATUS = {
     "model_unavailable": 503, "model_mismatch": 503, "config_error": 503, "storage_error": 503, "missing_extra": 503,
     "blocked": 403, "browser_busy": 503, "browser_error": 502, "unauthorized": 401, "forbidden": 403,
 }
-HTTP_CODES = {400: "invalid_input", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+HTTP_CODES = {400: "invalid_input", 403: "forbidden", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
 
 class Health(BaseModel):
@@ -124,7 +124,8 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
                          description="Token-light local memory for AI agents: the MCP tools over REST.")
     # Inside the guard: only requests it let through are recorded (when activity records are on).
     app.add_middleware(RestRecorder, config=engines.config)
-    protect(app, settings)
+    protect(app, settings, open_paths=ui.OPEN_PATHS)
+    ui.add_routes(app, engines)  # the memory browser at /ui
 
     @app.exception_handler(TinyContextError)
     async def engine_error(_request: Request, err: TinyContextError) -> JSONResponse:

@@ -6,7 +6,9 @@
    when sent, that is neither such a host nor a configured CORS origin (403). A web page whose
    domain an attacker points at 127.0.0.1 (DNS rebinding) sends its own name as Host and Origin,
    so it cannot read or plant memories through a server on this machine;
-2. checks the bearer token (``TINYCONTEXT_API_TOKEN``) with a constant-time compare (401);
+2. checks the bearer token (``TINYCONTEXT_API_TOKEN``) with a constant-time compare (401), except on
+   the open paths an app names: the memory browser's static page, script and style, which hold no
+   data (a browser cannot send a bearer header when it opens a URL; the page asks for the token);
 3. caps request bodies, streamed ones included (413).
 
 Listening beyond loopback without a token is refused at startup; a server started some other way
@@ -136,9 +138,11 @@ class ServeSettings:
 class Guard:
     """ASGI middleware: Host/Origin allow-list, bearer token and body cap, answering ``{code, message}``."""
 
-    def __init__(self, app: ASGIApp, *, settings: ServeSettings):
+    def __init__(self, app: ASGIApp, *, settings: ServeSettings, open_paths: tuple[str, ...] = ()):
         self.app = app
         self.settings = settings
+        # Paths served without the token (an entry ending in "/" is a prefix); Host and Origin are still checked.
+        self.open_paths = open_paths
         self.token = settings.token.encode("utf-8") if settings.token else None
         self.tokens = [t.encode("utf-8") for t in (settings.token, settings.management_token) if t]
         self.max_body_bytes = settings.max_body_bytes
@@ -180,6 +184,9 @@ class Guard:
         if self.token is None:
             if _remote_client(scope):
                 return 401, "unauthorized", f"This server has no {TOKEN_ENV} set, so it only answers loopback clients."
+            return None
+        path = scope.get("path", "")
+        if any(path == p or (p.endswith("/") and path.startswith(p)) for p in self.open_paths):
             return None
         header = (_header(scope, b"authorization") or "").strip()
         scheme, _, supplied = header.partition(" ")
@@ -255,10 +262,11 @@ async def _reply(send: Send, status: int, code: str, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def protect(app, settings: ServeSettings) -> None:
+def protect(app, settings: ServeSettings, *, open_paths: tuple[str, ...] = ()) -> None:
     """Install the guard and the CORS policy on a Starlette/FastAPI ``app`` (before it starts).
-    CORS is outermost so browser preflights (which carry no token) from configured origins work."""
-    app.add_middleware(Guard, settings=settings)
+    CORS is outermost so browser preflights (which carry no token) from configured origins work.
+    ``open_paths``: static files that need no token (see :class:`Guard`)."""
+    app.add_middleware(Guard, settings=settings, open_paths=open_paths)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=CORS_METHODS,
                            allow_headers=CORS_HEADERS, expose_headers=["Mcp-Session-Id"])

@@ -9,7 +9,7 @@ import threading
 import time
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
-from typing import Iterator
+from typing import Callable, Iterator
 
 from starlette.types import ASGIApp
 
@@ -100,14 +100,16 @@ def background(app: ASGIApp, *, host: str = "127.0.0.1", port: int = 0, timeout:
         thread.join(timeout)
 
 
-def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, rest: bool = False, log_level: str = "warning") -> None:
+def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, rest: bool = False, log_level: str = "warning",
+          on_started: Callable[[str], None] | None = None) -> None:
     """Run until SIGINT/SIGTERM: MCP over ``settings.transport`` (sse or streamable-http) or, with
     ``rest``, the REST app. The stdio transport is the ``tinycontext mcp`` command's job.
 
     The engine opens before the port does, so a bad database, model or volume stops the server with
     its error instead of a listener that fails every call. On a stop signal uvicorn stops accepting,
     lets requests in flight finish (streams still open after ``SHUTDOWN_GRACE_S`` are cancelled),
-    then the engines close, which checkpoints the WAL into the database file."""
+    then the engines close, which checkpoints the WAL into the database file. ``on_started``: called
+    with the base URL (the real port when ``settings.port`` is 0) once the server listens."""
     import sys
 
     import uvicorn
@@ -133,6 +135,8 @@ def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, r
         print(f"TinyContext {what} on http://{settings.host}:{settings.port}; {auth}. Ctrl-C to stop.", file=sys.stderr)
         server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                                                server_header=False, timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+        if on_started is not None:
+            threading.Thread(target=_when_started, args=(server, settings.host, on_started), daemon=True).start()
         with _sigterm_returns():
             try:
                 server.run()
@@ -142,6 +146,15 @@ def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, r
     finally:
         close_engines()
     print("TinyContext stopped: requests finished, database checkpointed and closed.", file=sys.stderr)
+
+
+def _when_started(server, host: str, on_started: Callable[[str], None]) -> None:
+    while not server.started:
+        if server.should_exit:
+            return
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    on_started(f"http://{'[' + host + ']' if ':' in host else host}:{port}")
 
 
 @contextmanager
