@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from . import browse, codes, keyword_mode as keyword
 from ..retrieval import conversation, language, time_windows as when
 from ..budget.tokens import TokenCounter, fit_budget
+from .. import telemetry
 from ..config import TinyContextConfig
 from ..models import backends
 from ..models.backends import NO_MODEL, EmbedderProtocol
@@ -271,10 +272,11 @@ class MemoryEngine:
     def save(self, memories, *, session_id: str | None = None, episode: str | None = None) -> dict:
         """Save memories into a session. ``episode`` names the episode of those that name none;
         without it, one call's memories form a new episode as ``auto_episode`` says."""
-        items = self._validate(memories)
-        session = _check_session(session_id) or DEFAULT_SESSION
-        call_episode = conversation.check_label(episode, "episode", conversation.MAX_EPISODE_CHARS, "save")
-        return self._write(items, session, call_episode)
+        with telemetry.operation("save") as op:
+            items = self._validate(memories)
+            session = _check_session(session_id) or DEFAULT_SESSION
+            call_episode = conversation.check_label(episode, "episode", conversation.MAX_EPISODE_CHARS, "save")
+            return _saved(op, self._write(items, session, call_episode), len(items), self.search_mode)
 
     def import_memories(self, memories: Sequence[StoredMemory | dict], *, session_id: str | None = None) -> dict:
         """Write exported memories into a session through the same path as :meth:`save` (same
@@ -282,8 +284,9 @@ class MemoryEngine:
         uid is already here is skipped, so importing twice adds nothing), the id when this database
         never used it (else a new one, reported in ``renumbered``), dates, version, history, and the
         vector when its size fits this embedder (else the text is embedded again)."""
-        items, stored = self.check_import(memories)
-        return self._write(items, _check_session(session_id) or DEFAULT_SESSION, None, stored)
+        with telemetry.operation("import") as op:
+            items, stored = self.check_import(memories)
+            return _saved(op, self._write(items, _check_session(session_id) or DEFAULT_SESSION, None, stored), len(items), self.search_mode)
 
     def check_import(self, memories: Sequence[StoredMemory | dict]) -> tuple[list[MemoryInput], list[StoredMemory]]:
         """What :meth:`import_memories` checks before writing, without writing: an importer checks a
@@ -872,6 +875,13 @@ class MemoryEngine:
         return {"memories": memories, "tokens": tokens, "vectors": vectors, "sessions": len(self.sessions()),
                 "schema_version": self.store.schema_version, "embedder": self.store.stored_identity(),
                 "db_path": str(self.store.path)}
+
+
+def _saved(op: telemetry.Operation, report: dict, given: int, mode: str) -> dict:
+    """Counts of a save or import report on its span (never ids, texts or the session)."""
+    op.set(mode=mode, memories=given, saved=len(report["saved"]), skipped=len(report["skipped"]),
+           near_duplicates=len(report["near_duplicates"]), tokens=report["total_tokens"])
+    return report
 
 
 def _nearest(stored: tuple[int, float] | None, vector: np.ndarray, batch: list[tuple[int, np.ndarray]]) -> tuple[int, float] | None:

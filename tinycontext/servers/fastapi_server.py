@@ -25,7 +25,7 @@ from ..config import TinyContextConfig, load_config
 from ..memory.engine import MemoryEngine, get_engine
 from ..errors import InvalidInputError, TinyContextError
 from ..web.clock import current_datetime
-from . import manage, tools, ui
+from . import manage, otel, tools, ui
 from .activity import RestRecorder, http_caller
 from .guard import ServeSettings, protect
 from .health import health_report
@@ -121,7 +121,7 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     settings = settings or ServeSettings.from_env()
     engines = _Engines(config, engine)
     # Swagger UI and ReDoc from the fastapi-offline package's files: /docs works without a network.
-    app = FastAPIOffline(title="TinyContext", version=__version__, responses=ERRORS,
+    app = FastAPIOffline(title="TinyContext", version=__version__, responses=ERRORS, telemetry=otel.FASTAPI_TELEMETRY_OFF,
                          description="Token-light local memory for AI agents: the MCP tools over REST.")
     # Inside the guard: only requests it let through are recorded (when activity records are on). A file
     # that cannot be opened stops a configured app here, as it stops the MCP server.
@@ -282,6 +282,7 @@ def route_reference(api: FastAPI | None = None) -> str:
     return "\n".join(lines)
 
 
+otel.configure()  # `uvicorn tinycontext.servers.fastapi_server:app` is a standalone server too
 app = create_app()
 
 if __name__ == "__main__":

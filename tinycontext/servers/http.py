@@ -15,6 +15,7 @@ from starlette.types import ASGIApp
 
 from ..config import TinyContextConfig
 from ..errors import ConfigError, MissingExtraError, ModelMismatchError
+from . import otel
 from .guard import TRANSPORTS, ServeSettings, is_loopback, protect
 
 __all__ = ["TRANSPORTS", "ServeSettings", "background", "mcp_app", "rest_app", "serve"]
@@ -122,6 +123,7 @@ def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, r
         raise ConfigError("The stdio transport is not a network server: run `tinycontext mcp`.")
     config = config or load_config()
     settings = with_management(settings, config)  # before the engine opens: a refusal costs nothing
+    otel.configure()
     try:
         engine = get_engine(config)
         try:
