@@ -11,11 +11,14 @@ Loaders are named by ``_target_`` in ``conf/dataset/*.yaml`` and built with ``hy
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import hashlib
 import json
+import os
 import re
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
@@ -177,6 +180,123 @@ def load_hf_beir(repo: str, qrels_repo: str, tune_split: str = "train", test_spl
     fingerprint = hashlib.sha256("|".join(d._fingerprint for d in (corpus, queries, *qrels.values())).encode()).hexdigest()
     rows = {s: [(r["query-id"], r["corpus-id"], r["score"]) for r in q] for s, q in qrels.items()}
     return _beir_from_records(name or repo.split("/")[-1], list(corpus), list(queries), rows, fingerprint, tune_split, test_split)
+
+
+def _ir_datasets_module(home: str | None):
+    """ir_datasets, reading its cache from ``home``. ir_datasets fixes its dataset paths when it is first
+    imported (from ``IR_DATASETS_HOME``), so ``home`` is set before that or must equal what it was."""
+    if home is not None and "ir_datasets" not in sys.modules:
+        os.environ["IR_DATASETS_HOME"] = home
+    try:
+        import ir_datasets
+    except ImportError as exc:
+        raise MissingExtraError("Loading an ir_datasets dataset needs `ir_datasets`: pip install 'tinycontext[eval]'. "
+                                "Or pass a local BEIR folder instead: dataset=beir dataset.path=<folder>.") from exc
+    current = Path(os.environ.get("IR_DATASETS_HOME", Path.home() / ".ir_datasets")).expanduser().resolve()
+    if home is not None and current != Path(home):
+        raise ConfigError(f"ir_datasets was already imported in this process with IR_DATASETS_HOME={current}, not {home}: "
+                          "set IR_DATASETS_HOME before the process starts instead of dataset.path.", path=home)
+    return ir_datasets, current
+
+
+def _download_entry(ir_datasets, url: str) -> tuple[str, dict] | None:
+    """Where ir_datasets' download list says the file for ``url`` lives: (its top-level group, the entry)."""
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("url") == url:
+                yield node
+            for value in node.values():
+                yield from walk(value)
+    for group, entries in ir_datasets.util.DownloadConfig.contents().items():
+        for entry in walk(entries):
+            return group, entry
+    return None
+
+
+@contextlib.contextmanager
+def _local_files_only(ir_datasets, home: Path):
+    """Every download ir_datasets would start is refused before it sends anything; the error names the
+    file it wanted and where to put it (ir_datasets' cache path, or the downloads folder it checks first)."""
+    from ir_datasets.util import download
+
+    refused: list[str] = []
+
+    def refuse(self):
+        refused.append(str(getattr(self, "url", None) or getattr(self, "uri", self)))
+        raise ConnectionRefusedError("dataset.download=false")
+
+    remote = (download.RequestsDownload, download.GoogleDriveDownload, download.GoogleCloudBucketStream)
+    saved = {cls: cls.__dict__["stream"] for cls in remote}
+    for cls in remote:
+        cls.stream = refuse
+    try:
+        yield
+    except Exception as exc:
+        if not refused:
+            raise
+        places = []
+        for url in dict.fromkeys(refused):
+            found = _download_entry(ir_datasets, url)
+            where = [str(home / found[0] / found[1]["cache_path"])] if found and "cache_path" in found[1] else []
+            if found and found[1].get("expected_md5"):
+                where.append(str(home / "downloads" / found[1]["expected_md5"]))
+            places.append(f"{url} (put it at {' or '.join(where) or 'the path ir_datasets documents'})")
+        raise ConfigError(f"ir_datasets needs files that are not in its cache {home}: {'; '.join(places)}. Copy them there, "
+                          "or pass dataset.download=true where the internet is reachable.", path=str(home)) from exc
+    finally:
+        for cls, stream in saved.items():
+            cls.stream = stream
+
+
+def load_ir_datasets(dataset_id: str, tune_split: str = "auto", test_split: str = "test", name: str | None = None,
+                     path: str | Path | None = None, download: bool = False) -> EvalDataset:
+    """A dataset ir_datasets knows (``beir/scifact``, ``beir/nfcorpus``, ``antique``...), read through ir_datasets
+    from its cache folder ``path`` (its ``IR_DATASETS_HOME``; default: that variable, else ~/.ir_datasets).
+
+    Each split is the subset ``<dataset_id>/<split>`` (``beir/scifact/train``), else ``split`` taken as a
+    dataset id of its own (``msmarco-passage/dev/small``), else, for the test split, ``dataset_id`` itself when
+    it has qrels (``beir/arguana``). ``tune_split=auto``: ``train`` if the dataset has that subset, else ``dev``.
+    Documents come from ``dataset_id``; texts as in :func:`load_beir` (title, then body).
+
+    ``download=false`` (the default) reads only files already in the cache: a missing one is an error naming
+    where to put it, and nothing is requested from the network. ``download=true`` lets ir_datasets fetch what
+    is missing, as it does by itself."""
+    home = None if path is None else str(Path(path).expanduser().resolve())
+    irds, current = _ir_datasets_module(home)
+
+    def subset(split: str):
+        for candidate in (f"{dataset_id}/{split}", split):
+            if candidate in irds.registry:
+                return irds.load(candidate)
+        if split == test_split and dataset_id in irds.registry and irds.load(dataset_id).has_qrels():
+            return irds.load(dataset_id)
+        return None
+
+    if dataset_id not in irds.registry:
+        raise ConfigError(f"ir_datasets does not know {dataset_id!r} (ir_datasets {irds.__version__}). Pass "
+                          "dataset.dataset_id=<an id from https://ir-datasets.com, e.g. beir/scifact>.", dataset_id=dataset_id)
+    if tune_split == "auto":
+        tune_split = next((s for s in ("train", "dev") if f"{dataset_id}/{s}" in irds.registry), "")
+        if not tune_split:
+            raise ConfigError(f"{dataset_id} has no train or dev subset to tune on. Pass dataset.tune_split={test_split} "
+                              "allow_test_tuning=true to tune on the test split anyway (every output is then labelled "
+                              "tuned-on-test).", dataset_id=dataset_id)
+    parts = {s: subset(s) for s in dict.fromkeys([tune_split, test_split])}
+    missing = [s for s, d in parts.items() if d is None or not d.has_qrels()]
+    if missing:
+        raise ConfigError(f"{dataset_id} has no split {', '.join(missing)} with qrels. Pass dataset.tune_split= and "
+                          f"dataset.test_split= (subsets of {dataset_id}, or ir_datasets ids).", dataset_id=dataset_id)
+    guard = contextlib.nullcontext() if download else _local_files_only(irds, current)
+    with guard:
+        corpus = [{"_id": d.doc_id, "title": getattr(d, "title", None), "text": d.text if hasattr(d, "text") else d.default_text()}
+                  for d in irds.load(dataset_id).docs_iter()]
+        queries = {q.query_id: getattr(q, "text", None) or q.default_text() for d in parts.values() for q in d.queries_iter()}
+        qrels = {s: [(r.query_id, r.doc_id, r.relevance) for r in d.qrels_iter()] for s, d in parts.items()}
+    digest = hashlib.sha256(json.dumps([corpus, queries, qrels], sort_keys=True).encode()).hexdigest()
+    dataset = _beir_from_records(name or dataset_id.replace("/", "-"), corpus, [{"_id": k, "text": v} for k, v in queries.items()],
+                                 qrels, digest, tune_split, test_split)
+    dataset.info |= {"format": "ir_datasets", "dataset_id": dataset_id}
+    return dataset
 
 
 def locomo_turn_text(turn: dict) -> str:

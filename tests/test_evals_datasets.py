@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +123,89 @@ def test_hub_loader_offline_says_what_to_pass_instead(monkeypatch, tmp_path):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
     with pytest.raises(ConfigError, match="dataset.path"):
         load_hf_beir("BeIR/scifact", "BeIR/scifact-qrels", cache_dir=str(tmp_path))
+
+
+def ir_datasets_home(home, source):
+    """ir_datasets' cache as it leaves it after downloading BEIR SciFact: <home>/beir/scifact/source.zip, the
+    BEIR archive (scifact/corpus.jsonl, queries.jsonl, qrels/<split>.tsv). Here it holds the tiny dataset."""
+    import zipfile
+
+    (home / "beir" / "scifact").mkdir(parents=True)
+    with zipfile.ZipFile(home / "beir" / "scifact" / "source.zip", "w") as zf:
+        for file in sorted(p for p in source.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".tsv")):
+            zf.write(file, f"scifact/{file.relative_to(source).as_posix()}")
+
+
+def in_fresh_process(home, code):
+    """ir_datasets fixes its dataset paths from IR_DATASETS_HOME at its first import: one process per cache."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "IR_DATASETS_HOME": str(home)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    return done
+
+
+@pytest.mark.parametrize("source", ["tiny", "scifact"])
+def test_ir_datasets_reads_its_own_cache_offline(tmp_path, source, request):
+    pytest.importorskip("ir_datasets")
+    from importlib import resources
+
+    folder = (Path(str(resources.files("evals") / "data" / "tiny")) if source == "tiny"
+              else request.getfixturevalue("shared_dir") / "datasets" / "scifact")
+    ir_datasets_home(tmp_path / "irds", folder)
+    done = in_fresh_process(tmp_path / "irds", (
+        "import json; from evals.datasets import load_ir_datasets\n"
+        "ds = load_ir_datasets('beir/scifact')\n"
+        "print(json.dumps([ds.name, ds.tune_split, ds.test_split, [(d.id, d.text) for d in ds.docs], ds.queries, ds.qrels,"
+        " {s: ds.split_ids(s) for s in ('train', 'test')}, ds.fingerprint]))"))
+    assert done.returncode == 0, done.stderr
+    name, tune, test, docs, queries, qrels, splits, fingerprint = json.loads(done.stdout.splitlines()[-1])
+    want = load_beir(folder)
+    # The same records as the BEIR folder loader reads from the same files; queries of the two splits only.
+    assert (name, tune, test) == ("beir-scifact", "train", "test")
+    assert docs == [[d.id, d.text] for d in want.docs]
+    assert queries == {q: want.queries[q] for q in queries} and set(queries) == set(want.qrels)
+    assert qrels == want.qrels
+    assert splits == {s: want.split_ids(s) for s in ("train", "test")} and all(splits.values())
+    assert len(fingerprint) == 64
+
+
+def test_ir_datasets_missing_file_is_refused_without_a_request(tmp_path):
+    pytest.importorskip("ir_datasets")
+    (tmp_path / "irds").mkdir()
+    done = in_fresh_process(tmp_path / "irds", (
+        "from evals.datasets import load_ir_datasets\n"
+        "import requests\n"
+        "sent = []\n"
+        "def record(self, method, url, **kw):\n"
+        "    sent.append(url)\n"
+        "    raise AssertionError('request sent')\n"
+        "requests.Session.request = record\n"
+        "try:\n"
+        "    load_ir_datasets('beir/scifact')\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc, 'sent', len(sent))\n"))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()[-1]
+    assert out.startswith("ConfigError") and out.endswith("sent 0")
+    # It names the file ir_datasets wanted and where to put it, and how to let it download.
+    assert "scifact.zip" in out and str(tmp_path / "irds" / "beir" / "scifact" / "source.zip") in out
+    assert "dataset.download=true" in out
+
+
+def test_ir_datasets_unknown_id_and_split_say_what_to_pass(tmp_path):
+    pytest.importorskip("ir_datasets")
+    done = in_fresh_process(tmp_path, (
+        "from evals.datasets import load_ir_datasets\n"
+        "for args in (('nope/nothing',), ('beir/arguana',), ('beir/scifact', 'train', 'dev')):\n"
+        "    try:\n"
+        "        load_ir_datasets(*args)\n"
+        "    except Exception as exc:\n"
+        "        print(type(exc).__name__, exc)\n"))
+    assert done.returncode == 0, done.stderr
+    unknown, no_tune, no_split = done.stdout.splitlines()[-3:]
+    assert unknown.startswith("ConfigError") and "dataset.dataset_id=" in unknown
+    assert no_tune.startswith("ConfigError") and "allow_test_tuning=true" in no_tune
+    assert no_split.startswith("ConfigError") and "dataset.test_split=" in no_split

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from . import browse, codes, keyword_mode as keyword
 from ..retrieval import conversation, language, time_windows as when
 from ..budget.tokens import TokenCounter, fit_budget
+from .. import telemetry
 from ..config import TinyContextConfig
 from ..models import backends
 from ..models.backends import NO_MODEL, EmbedderProtocol
@@ -271,10 +272,11 @@ class MemoryEngine:
     def save(self, memories, *, session_id: str | None = None, episode: str | None = None) -> dict:
         """Save memories into a session. ``episode`` names the episode of those that name none;
         without it, one call's memories form a new episode as ``auto_episode`` says."""
-        items = self._validate(memories)
-        session = _check_session(session_id) or DEFAULT_SESSION
-        call_episode = conversation.check_label(episode, "episode", conversation.MAX_EPISODE_CHARS, "save")
-        return self._write(items, session, call_episode)
+        with telemetry.operation("save") as op:
+            items = self._validate(memories)
+            session = _check_session(session_id) or DEFAULT_SESSION
+            call_episode = conversation.check_label(episode, "episode", conversation.MAX_EPISODE_CHARS, "save")
+            return _saved(op, self._write(items, session, call_episode), len(items), self.search_mode)
 
     def import_memories(self, memories: Sequence[StoredMemory | dict], *, session_id: str | None = None) -> dict:
         """Write exported memories into a session through the same path as :meth:`save` (same
@@ -282,8 +284,9 @@ class MemoryEngine:
         uid is already here is skipped, so importing twice adds nothing), the id when this database
         never used it (else a new one, reported in ``renumbered``), dates, version, history, and the
         vector when its size fits this embedder (else the text is embedded again)."""
-        items, stored = self.check_import(memories)
-        return self._write(items, _check_session(session_id) or DEFAULT_SESSION, None, stored)
+        with telemetry.operation("import") as op:
+            items, stored = self.check_import(memories)
+            return _saved(op, self._write(items, _check_session(session_id) or DEFAULT_SESSION, None, stored), len(items), self.search_mode)
 
     def check_import(self, memories: Sequence[StoredMemory | dict]) -> tuple[list[MemoryInput], list[StoredMemory]]:
         """What :meth:`import_memories` checks before writing, without writing: an importer checks a
@@ -330,7 +333,6 @@ class MemoryEngine:
             # All stored neighbours in one matrix product (None: session too big for the copy, ask vec0).
             neighbours = self.index.nearest(session, vectors) if check else [None] * len(items)
             created = now_iso()
-            conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, created))
             batch_seen: dict[str, int] = {}
             batch_kept: list[tuple[int, np.ndarray]] = []
             episodes: dict[str, int] = {}
@@ -361,6 +363,8 @@ class MemoryEngine:
                         skipped.append({**report, "reason": "near_duplicate"})
                         continue
                     near.append(report)
+                if not rows:  # the session is created with its first memory: a call that only skips adds nothing
+                    conn.execute("INSERT OR IGNORE INTO sessions(id, created_at) VALUES (?, ?)", (session, created))
                 key = item.episode if restored is not None else item.episode or call_episode or self._auto_episode(item, auto_key)
                 if key is not None and key not in episodes:
                     conn.execute("INSERT OR IGNORE INTO episodes(session_id, key, created_at) VALUES (?, ?, ?)", (session, key, created))
@@ -871,6 +875,13 @@ class MemoryEngine:
         return {"memories": memories, "tokens": tokens, "vectors": vectors, "sessions": len(self.sessions()),
                 "schema_version": self.store.schema_version, "embedder": self.store.stored_identity(),
                 "db_path": str(self.store.path)}
+
+
+def _saved(op: telemetry.Operation, report: dict, given: int, mode: str) -> dict:
+    """Counts of a save or import report on its span (never ids, texts or the session)."""
+    op.set(mode=mode, memories=given, saved=len(report["saved"]), skipped=len(report["skipped"]),
+           near_duplicates=len(report["near_duplicates"]), tokens=report["total_tokens"])
+    return report
 
 
 def _nearest(stored: tuple[int, float] | None, vector: np.ndarray, batch: list[tuple[int, np.ndarray]]) -> tuple[int, float] | None:

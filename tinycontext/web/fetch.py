@@ -99,6 +99,8 @@ class _Inflater:
 class HttpFetcher:
     """httpx behind the guard: per-hop checks and pinned addresses, bounded time, size and redirects."""
 
+    name = "http"
+
     def __init__(self, config: TinyContextConfig | None = None, *, guard: Guard | None = None,
                  transport: httpx.AsyncBaseTransport | None = None):
         self.config = config or TinyContextConfig()

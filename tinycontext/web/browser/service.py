@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ... import telemetry
 from ...budget.tokens import TokenCounter
 from ...config import TinyContextConfig
 from ...errors import InvalidInputError, TinyContextError
@@ -133,10 +134,12 @@ class BrowserService:
 
     def call(self, method: str, key: str, **kwargs) -> dict:
         """Run ``method`` (navigate, act, close_session) for client ``key`` and wait for it (any thread)."""
-        return self._submit(getattr(self, method)(key, **kwargs)).result()
+        with _operation(method, kwargs) as op:
+            return _viewed(op, self._submit(getattr(self, method)(key, **kwargs)).result())
 
     async def acall(self, method: str, key: str, **kwargs) -> dict:
-        return await asyncio.wrap_future(self._submit(getattr(self, method)(key, **kwargs)))
+        with _operation(method, kwargs) as op:
+            return _viewed(op, await asyncio.wrap_future(self._submit(getattr(self, method)(key, **kwargs))))
 
     def close_later(self, key: str) -> None:
         """Close ``key``'s session soon, without waiting (safe from finalizers on any thread)."""
@@ -712,6 +715,19 @@ def _block_hint(session: Session) -> str:
 
 _services: dict[TinyContextConfig, BrowserService] = {}
 _services_lock = threading.Lock()
+
+
+def _operation(method: str, kwargs: dict):
+    """The span of one browser call: the method and, for act, the action when it is one of ACTIONS (never a
+    URL, ref, text or the caller's key)."""
+    action = kwargs.get("action") if method == "act" else method
+    return telemetry.operation("browser", action=action if action in (*ACTIONS, "navigate", "render_html", "close_session") else "other")
+
+
+def _viewed(op: telemetry.Operation, answer: dict) -> dict:
+    if isinstance(answer, dict) and isinstance(answer.get("tokens"), int):
+        op.set(tokens=answer["tokens"])
+    return answer
 
 
 def get_service(config: TinyContextConfig) -> BrowserService:
