@@ -2,13 +2,15 @@
 OTLP receiver (HTTP/protobuf and gRPC), and not one exported byte carries what a caller sent or a page said.
 
 Every input kind carries the marker: query, memory text, tags, metadata key and value, session id, URL path,
-domain, page text, search query and results, request headers, the API token, the database path, and the
-errors they cause (a missing session, a 404 page). The test reads every byte the receiver got.
+domain, page text, search query and results, request headers, the API token, a proxy's credentials, the database
+path, a browser session, and the errors they cause (a missing session, an empty memory, a 404 page). The test reads every byte the receiver got.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -150,7 +152,10 @@ def server_env(tmp_path: Path, site, otlp: dict[str, str], **extra: str) -> dict
     return {**base, "TINYCONTEXT_CONFIG_PATH": str(folder / "config.json"), "TINYCONTEXT_MEMORY_DB_PATH": str(folder / "memory.db"),
             "TINYCONTEXT_MODELS_DIR": str(folder / "models"), "TINYCONTEXT_TOOLS": "memory,web",
             "TINYCONTEXT_ALLOW_PRIVATE_HOSTS": "true", "TINYCONTEXT_SEARCH_BACKEND": "searxng",
-            "TINYCONTEXT_SEARXNG_URL": site.url(""), **FAST, **otlp, **extra}
+            "TINYCONTEXT_SEARXNG_URL": site.url(""),
+            # A proxy's credentials are configured (every target bypasses it, so pages still load directly).
+            "TINYCONTEXT_PROXY_SERVER": "http://127.0.0.1:9", "TINYCONTEXT_PROXY_USERNAME": f"{MARK}-proxy-user",
+            "TINYCONTEXT_PROXY_PASSWORD": f"{MARK}-proxy-password", "TINYCONTEXT_PROXY_BYPASS": "*", **FAST, **otlp, **extra}
 
 
 def marked_calls(site) -> list[tuple[str, dict]]:
@@ -258,6 +263,7 @@ def run_serve(env: dict, *args: str, work) -> None:
     assert "OpenTelemetry" in err, err
 
 
+BROWSER = shutil.which("chromium") is not None and importlib.util.find_spec("playwright") is not None
 HEADERS = {"Authorization": f"Bearer {TOKEN}", f"X-{MARK}": f"{MARK}-header", "User-Agent": f"{MARK}-agent"}
 
 
@@ -294,6 +300,10 @@ def test_rest_server_exports_without_payload_and_without_fastapi_request_spans(t
         with httpx.Client(base_url=base, headers=HEADERS, timeout=60) as client:
             for tool, arguments in marked_calls(site):
                 client.post(f"/{tool}", json=arguments)
+            if BROWSER:
+                viewed = client.post("/browser/navigate", json={"url": site.url(f"/{MARK}-path/rivers", host=f"{MARK}-domain.localhost"),
+                                                                "session_id": f"{MARK}-browser-session", "find": f"{MARK}"})
+                assert viewed.status_code == 200, viewed.text
             # A request the app refuses before any tool runs (its path and body carry the marker too).
             client.post(f"/{MARK}-nowhere", json={MARK: MARK})
             client.post("/save_memories", json={"memories": [{"content": 5, MARK: MARK}]})
@@ -302,6 +312,8 @@ def test_rest_server_exports_without_payload_and_without_fastapi_request_spans(t
         run_serve(env, "--rest", work=work)
         found = spans(receiver.bodies("/v1/traces"))
         check_spans(found, dense=False)
+        if BROWSER:
+            assert {"navigate"} == {attributes(s)["tinycontext.action"] for s in found if s.name == "tinycontext.browser"}
         assert all(s.name.startswith("tinycontext.") for s in found)  # FastAPI's own request spans stay off
         check_metrics(metric_names(receiver.bodies("/v1/metrics")))
         assert not {n for n in metric_names(receiver.bodies("/v1/metrics")) if not n.startswith("tinycontext.")}
