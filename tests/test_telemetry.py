@@ -183,15 +183,19 @@ def assert_clean(everything: bytes) -> None:
 
 def check_spans(found: list, *, dense: bool) -> None:
     names = {s.name for s in found}
-    expected = {"tinycontext.save", "tinycontext.scrape", "tinycontext.scrape.fetch", "tinycontext.scrape.extract",
-                "tinycontext.scrape.chunk", "tinycontext.scrape.rank", "tinycontext.search", "tinycontext.search.backend"}
+    expected = {"tinycontext.save", "tinycontext.recall", "tinycontext.recall.bm25", "tinycontext.recall.fuse",
+                "tinycontext.recall.window", "tinycontext.recall.render", "tinycontext.scrape", "tinycontext.scrape.fetch",
+                "tinycontext.scrape.extract", "tinycontext.scrape.chunk", "tinycontext.scrape.rank", "tinycontext.search",
+                "tinycontext.search.backend"}
     if dense:
-        expected |= {"tinycontext.embed"}
+        expected |= {"tinycontext.embed", "tinycontext.recall.dense"}
     assert expected <= names, expected - names
     by_name = {}
     for s in found:
         by_name.setdefault(s.name, []).append(attributes(s))
     assert {"ok", "empty_memory"} <= {a["tinycontext.outcome"] for a in by_name["tinycontext.save"]}
+    assert {"ok", "session_not_found"} <= {a["tinycontext.outcome"] for a in by_name["tinycontext.recall"]}
+    assert any(a.get("tinycontext.results") == 1 and a.get("tinycontext.tokens", 0) > 0 for a in by_name["tinycontext.recall"])
     assert {"ok", "http_error"} <= {a["tinycontext.outcome"] for a in by_name["tinycontext.scrape.fetch"]}
     saved = [a for a in by_name["tinycontext.save"] if a["tinycontext.outcome"] == "ok"][0]
     assert saved["tinycontext.saved"] == 1 and saved["tinycontext.tokens"] > 0
@@ -201,6 +205,8 @@ def check_spans(found: list, *, dense: bool) -> None:
     failed = [s for s in found if s.name == "tinycontext.save" and attributes(s)["tinycontext.outcome"] != "ok"][0]
     assert failed.status.code == 2 and failed.status.message == "" and not failed.events  # ERROR, no description, no exception event
     # The stages are children of their operation: a page's stages run on a worker thread in the scrape's context.
+    recall_ids = {s.span_id for s in found if s.name == "tinycontext.recall"}
+    assert all(s.parent_span_id in recall_ids for s in found if s.name in ("tinycontext.recall.bm25", "tinycontext.recall.dense"))
     scrape_ids = {s.span_id for s in found if s.name == "tinycontext.scrape"}
     assert all(s.parent_span_id in scrape_ids for s in found if s.name == "tinycontext.scrape.fetch")
     fetch_traces = {s.trace_id for s in found if s.name == "tinycontext.scrape"}
