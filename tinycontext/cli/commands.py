@@ -172,8 +172,10 @@ def _serve_stdio(server) -> None:
 @command("mcp", "run the MCP server on stdio (the default when no command is given)")
 def mcp(args):
     from ..memory.engine import close_engines
+    from ..servers import otel
     from ..servers.mcp_server import build_server
 
+    otel.configure()
     server = build_server(config_of(args))
     if sys.stdin.isatty():
         print("TinyContext MCP server on stdio; an MCP client should start it. Ctrl-C to stop; see tinycontext --help.", file=sys.stderr)
@@ -438,6 +440,24 @@ def serve(args):
     run_server(settings, config_of(args), rest=args.rest)
 
 
+@command("ui", "open the memory browser: the REST server on 127.0.0.1 with its page at /ui",
+         lambda p: (p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)"),
+                    p.add_argument("--no-open", action="store_true", help="print the URL only; do not start a web browser")))
+def ui(args):
+    import webbrowser
+
+    from ..servers.http import ServeSettings
+    from ..servers.http import serve as run_server
+
+    def started(base: str) -> None:
+        print(f"Memory browser: {base}/ui", flush=True)
+        if not args.no_open:
+            webbrowser.open(base + "/ui")
+
+    # Loopback only, whatever MCP_HOST says: the browser is for the person at this machine.
+    run_server(ServeSettings.from_env(host="127.0.0.1", port=args.port), config_of(args), rest=True, on_started=started)
+
+
 def existing_store(args):
     from ..errors import StorageError
     from ..memory.store import Store
@@ -490,20 +510,34 @@ def _export_to_file(store, path: Path, args) -> int:
 
 
 def _import_args(parser):
-    parser.add_argument("path", help="a `tinycontext export` JSONL file ('-' for stdin) or a legacy TinyContext SQLite database")
+    from ..memory.transfer import FORMATS
+
+    parser.add_argument("path", help="what to import: a file ('-' for stdin, TinyContext exports only), or a folder for basic-memory")
+    parser.add_argument("--format", default="tinycontext", choices=list(FORMATS), metavar="NAME",
+                        help="the tool that wrote it: " + "; ".join(f"{f.name}: {f.reads}" for f in FORMATS.values())
+                        + " (default: tinycontext)")
+    parser.add_argument("--session", help="session for other tools' memories (default: 'default'); TinyContext exports keep theirs")
+    parser.add_argument("--dry-run", action="store_true", help="count what would be imported and skipped; change nothing")
     add_json(parser)
 
 
-@command("import", "import a JSONL export, or a legacy TinyContext (tinysuite-context) database", _import_args)
+@command("import", "import memories: a TinyContext export or legacy database, or another tool's (--format)", _import_args)
 def import_(args):
-    from ..memory.transfer import import_file, import_jsonl
+    from ..memory.transfer import import_jsonl, import_path
 
+    if args.path == "-" and args.format != "tinycontext":
+        raise InvalidInputError("Only a TinyContext export can be read from stdin ('-'); give the file's path for --format " + args.format + ".")
     with open_engine(args) as engine:
-        report = (import_jsonl(engine, sys.stdin, source="stdin") if args.path == "-" else import_file(engine, args.path)).to_dict()
-    text = (f"Imported {plural(report['imported'], 'memory', 'memories')} ({plural(report['history'], 'old version')}, "
-            f"{report['embedded']} embedded), skipped {report['skipped']} already present.")
+        report = (import_jsonl(engine, sys.stdin, source="stdin", dry_run=args.dry_run) if args.path == "-" else
+                  import_path(engine, args.path, format=args.format, session_id=args.session, dry_run=args.dry_run)).to_dict()
+    verb = "Would import" if report["dry_run"] else "Imported"
+    text = (f"{verb} {plural(report['imported'], 'memory', 'memories')} ({plural(report['history'], 'old version')}, "
+            f"{report['embedded']} embedded), skipped {report['skipped']} already present")
+    text += f", ignored {report['ignored']} deleted at the source." if report["ignored"] else "."
     if report["renumbered"]:
         text += f" {len(report['renumbered'])} took new ids because theirs were taken (see --json)."
+    if report["dry_run"]:
+        text += " Dry run: nothing was changed."
     emit(args, report, text)
 
 

@@ -28,7 +28,8 @@ MAX_LIST_LIMIT = 1000
 MAX_OFFSET = 1_000_000
 
 
-def _where(engine, session_id: str | None, tags: Sequence[str] | None, filters) -> tuple[str, list, str | None]:
+def _where(engine, session_id: str | None, tags: Sequence[str] | None, filters,
+           speaker: str | None = None) -> tuple[str, list, str | None]:
     """SQL condition on ``memories`` (column ``id``), its params, and the checked session."""
     session = session_id
     if session is not None:
@@ -42,6 +43,11 @@ def _where(engine, session_id: str | None, tags: Sequence[str] | None, filters) 
     if session is not None:
         sql += " AND session_id = ?"
         params.append(session)
+    if speaker is not None:
+        if not isinstance(speaker, str) or not speaker.strip() or len(speaker) > 200:
+            raise InvalidInputError("speaker must be a non-empty string of at most 200 characters.")
+        sql += " AND speaker = ?"
+        params.append(speaker.strip())
     for part in (shorthand, parse_filters(filters)):
         condition, values = part.sql("id")
         if condition:
@@ -80,9 +86,10 @@ def _delete_where(engine, condition: str, params: list, expected: int | None = N
 
 def list_memories(engine, *, session_id: str | None = None, tags: Sequence[str] | None = None,
                   filters=None, order: str = "newest", offset: int = 0, limit: int = 50, max_tokens: int | None = None,
-                  detail: Detail = "compact") -> Page:
+                  detail: Detail = "compact", speaker: str | None = None) -> Page:
     """A page of memories in ``order`` (newest, oldest, id) as lines and structured content that
-    both fit ``max_tokens``; ``next_offset`` in the structured content continues the listing."""
+    both fit ``max_tokens``; ``next_offset`` in the structured content continues the listing.
+    ``speaker``: only what that speaker said (conversation turns)."""
     if order not in ORDERS:
         raise InvalidInputError(f"order must be one of {', '.join(ORDERS)}, got {str(order)[:20]!r}.")
     for name, value, low, high in (("offset", offset, 0, MAX_OFFSET), ("limit", limit, 1, MAX_LIST_LIMIT)):
@@ -91,7 +98,7 @@ def list_memories(engine, *, session_id: str | None = None, tags: Sequence[str] 
     detail = check_detail(detail)
     max_tokens = check_agent_budget(engine.config.recall_max_tokens if max_tokens is None else max_tokens)
     purge_expired(engine)
-    where, params, session = _where(engine, session_id, tags, filters)
+    where, params, session = _where(engine, session_id, tags, filters, speaker)
     total = engine.store.read(f"SELECT count(*) FROM memories WHERE {where}", params)[0][0]
     # One row beyond the limit tells fit_page there is more after this page.
     rows = engine.store.read(f"SELECT {MEMORY_COLUMNS} FROM memories WHERE {where} ORDER BY {ORDERS[order]} LIMIT ? OFFSET ?",
@@ -134,18 +141,18 @@ def list_sessions(engine) -> dict:
 
 
 def delete_memories(engine, *, session_id: str | None = None, tags: Sequence[str] | None = None,
-                    filters=None, dry_run: bool = True, confirm: int | None = None) -> dict:
+                    filters=None, dry_run: bool = True, confirm: int | None = None, speaker: str | None = None) -> dict:
     """Delete every memory matching the session, tags (any of) and filters.
 
     With ``dry_run`` (the default) nothing changes: the answer says how many match. Deleting needs
     ``dry_run=False`` and ``confirm`` equal to that count; if the match changed meanwhile nothing
-    is deleted. At least one of session, tags or filters is required.
+    is deleted. At least one of session, tags, filters or speaker is required.
     """
     if not isinstance(dry_run, bool):
         raise InvalidInputError("dry_run must be true or false.")
-    where, params, session = _where(engine, session_id, tags, filters)
+    where, params, session = _where(engine, session_id, tags, filters, speaker)
     if where == "1":
-        raise InvalidInputError("Give a session_id, tags or filters to delete by; deleting everything is not offered.")
+        raise InvalidInputError("Give a session_id, tags, filters or speaker to delete by; deleting everything is not offered.")
     matched = engine.store.read(f"SELECT count(*) FROM memories WHERE {where}", params)[0][0]
     if dry_run:
         return {"matched": matched, "deleted": 0, "dry_run": True,

@@ -6,7 +6,6 @@ import functools
 import json
 import os
 import queue
-import re
 import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -19,8 +18,8 @@ from . import codes
 from ..retrieval.conversation import EMBEDDING_COLUMNS, stored_embedding_text
 from ..errors import ModelMismatchError, StorageError
 from ..sqlite import sqlite_driver
+from .schema import MIGRATIONS, SCHEMA_VERSION, split_sql  # noqa: F401  (MIGRATIONS: also read from here)
 
-SCHEMA_VERSION = 7
 # What reindexing reads: each memory's id, session and the text its vector embeds (as save does).
 _EMBED_ROWS = f"SELECT id, session_id, {EMBEDDING_COLUMNS} FROM memories ORDER BY id"
 BUSY_TIMEOUT_MS = 10_000
@@ -30,127 +29,6 @@ LEGACY_SIGNATURE = frozenset({"id", "session_id", "content", "created_at"})
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
-
-
-# Each migration runs in one transaction together with the user_version bump.
-MIGRATIONS: dict[int, str] = {
-    1: """
-        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-        CREATE TABLE sessions (id TEXT PRIMARY KEY, created_at TEXT NOT NULL);
-        CREATE TABLE memories (
-            id INTEGER PRIMARY KEY,
-            session_id TEXT NOT NULL REFERENCES sessions(id),
-            content TEXT NOT NULL,
-            tags TEXT NOT NULL DEFAULT '[]',
-            metadata TEXT NOT NULL DEFAULT '{}',
-            content_hash TEXT NOT NULL,
-            tokens INTEGER NOT NULL,
-            created_at TEXT NOT NULL
-        );
-        CREATE INDEX memories_session_hash ON memories(session_id, content_hash);
-        CREATE VIRTUAL TABLE memories_fts USING fts5(
-            content, tags, content='memories', content_rowid='id',
-            tokenize='porter unicode61 remove_diacritics 2'
-        );
-        CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN
-            INSERT INTO memories_fts(rowid, content, tags) VALUES (new.id, new.content, new.tags);
-        END;
-        CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN
-            INSERT INTO memories_fts(memories_fts, rowid, content, tags) VALUES ('delete', old.id, old.content, old.tags);
-        END;
-        CREATE TRIGGER memories_au AFTER UPDATE OF content, tags ON memories BEGIN
-            INSERT INTO memories_fts(memories_fts, rowid, content, tags) VALUES ('delete', old.id, old.content, old.tags);
-            INSERT INTO memories_fts(rowid, content, tags) VALUES (new.id, new.content, new.tags);
-        END;
-    """,
-    # v2: edit history and a tag index for filtered recall.
-    2: """
-        ALTER TABLE memories ADD COLUMN updated_at TEXT;
-        ALTER TABLE memories ADD COLUMN version INTEGER NOT NULL DEFAULT 1;
-        CREATE TABLE memory_versions (
-            memory_id INTEGER NOT NULL,
-            version INTEGER NOT NULL,
-            content TEXT NOT NULL,
-            tags TEXT NOT NULL,
-            metadata TEXT NOT NULL,
-            created_at TEXT NOT NULL,
-            superseded_at TEXT NOT NULL,
-            PRIMARY KEY (memory_id, version)
-        );
-        CREATE TABLE memory_tags (
-            memory_id INTEGER NOT NULL REFERENCES memories(id) ON DELETE CASCADE,
-            tag TEXT NOT NULL,
-            PRIMARY KEY (tag, memory_id)
-        ) WITHOUT ROWID;
-        CREATE INDEX memory_tags_memory ON memory_tags(memory_id);
-        INSERT OR IGNORE INTO memory_tags(memory_id, tag)
-            SELECT memories.id, json_each.value FROM memories, json_each(memories.tags);
-    """,
-    # v3: conversations. When a memory happened, who said it, what was shared with it, and the
-    # episode (chat session) it belongs to; FTS gains a `context` column (speaker, date words,
-    # attachments) and episodes get their own FTS index over their whole text.
-    3: """
-        CREATE TABLE episodes (
-            id INTEGER PRIMARY KEY,
-            session_id TEXT NOT NULL REFERENCES sessions(id),
-            key TEXT NOT NULL,
-            created_at TEXT NOT NULL,
-            UNIQUE (session_id, key)
-        );
-        ALTER TABLE memories ADD COLUMN occurred_at TEXT;
-        ALTER TABLE memories ADD COLUMN speaker TEXT;
-        ALTER TABLE memories ADD COLUMN attachments TEXT NOT NULL DEFAULT '[]';
-        ALTER TABLE memories ADD COLUMN context TEXT NOT NULL DEFAULT '';
-        ALTER TABLE memories ADD COLUMN episode_id INTEGER REFERENCES episodes(id);
-        CREATE VIRTUAL TABLE episodes_fts USING fts5(text, tokenize='porter unicode61 remove_diacritics 2');
-        CREATE INDEX memories_episode ON memories(episode_id);
-        CREATE INDEX memories_occurred ON memories(session_id, occurred_at);
-        DROP TRIGGER memories_ai;
-        DROP TRIGGER memories_ad;
-        DROP TRIGGER memories_au;
-        DROP TABLE memories_fts;
-        CREATE VIRTUAL TABLE memories_fts USING fts5(
-            content, tags, context, content='memories', content_rowid='id',
-            tokenize='porter unicode61 remove_diacritics 2'
-        );
-        CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN
-            INSERT INTO memories_fts(rowid, content, tags, context) VALUES (new.id, new.content, new.tags, new.context);
-        END;
-        CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN
-            INSERT INTO memories_fts(memories_fts, rowid, content, tags, context) VALUES ('delete', old.id, old.content, old.tags, old.context);
-        END;
-        CREATE TRIGGER memories_au AFTER UPDATE OF content, tags, context ON memories BEGIN
-            INSERT INTO memories_fts(memories_fts, rowid, content, tags, context) VALUES ('delete', old.id, old.content, old.tags, old.context);
-            INSERT INTO memories_fts(rowid, content, tags, context) VALUES (new.id, new.content, new.tags, new.context);
-        END;
-        INSERT INTO memories_fts(memories_fts) VALUES ('rebuild');
-    """,
-    # v4: optional expiry (recall and listing delete expired memories first), and an index for
-    # created_at range filters.
-    4: """
-        ALTER TABLE memories ADD COLUMN expires_at TEXT;
-        CREATE INDEX memories_expires ON memories(expires_at) WHERE expires_at IS NOT NULL;
-        CREATE INDEX memories_created ON memories(created_at);
-    """,
-    # v5: ids are never reused (AUTOINCREMENT) and every memory has a stable uid (idempotent import).
-    5: lambda conn: _never_reuse_ids(conn),
-    # v6: a session's first and last id in O(log n), so BM25 can be limited to that id range
-    # (see Store.session_span) instead of scoring every session's matches.
-    6: "CREATE INDEX IF NOT EXISTS memories_session_id ON memories(session_id, id);",
-    # v7: compact codes of every vector for the two-stage dense search (tinycontext/memory/codes.py), built
-    # here for the vectors already stored; deleting a memory deletes its codes.
-    7: lambda conn: _add_codes(conn),
-}
-
-
-def _add_codes(conn) -> None:
-    conn.execute("CREATE TABLE memory_bits (session_id TEXT NOT NULL, memory_id INTEGER NOT NULL, bits BLOB NOT NULL, "
-                 "PRIMARY KEY (session_id, memory_id)) WITHOUT ROWID")
-    conn.execute("CREATE TABLE memory_codes (memory_id INTEGER PRIMARY KEY, codes BLOB NOT NULL)")
-    conn.execute("CREATE TRIGGER memories_codes_ad AFTER DELETE ON memories BEGIN "
-                 "DELETE FROM memory_bits WHERE session_id = old.session_id AND memory_id = old.id; "
-                 "DELETE FROM memory_codes WHERE memory_id = old.id; END")
-    codes.backfill(conn)
 
 
 def insert_vectors(conn, ids, sessions, vectors: np.ndarray) -> None:
@@ -165,30 +43,6 @@ def insert_vectors(conn, ids, sessions, vectors: np.ndarray) -> None:
     codes.put(conn, ids, sessions, vectors)
 
 
-def _never_reuse_ids(conn) -> None:
-    """SQLite cannot add AUTOINCREMENT to a table, so ``memories`` is rebuilt from its own definition
-    (whatever columns earlier migrations added), keeping every row and id; its indexes and triggers
-    are recreated. The FTS index is keyed by id and the text does not change, so it stays valid.
-    Runs with foreign keys off (see migrate): dropping the table must not cascade to memory_tags."""
-    table_sql = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'memories'").fetchone()[0]
-    if "AUTOINCREMENT" not in table_sql.upper():
-        new_sql, found = re.subn(r"\bid\s+INTEGER\s+PRIMARY\s+KEY\b", "id INTEGER PRIMARY KEY AUTOINCREMENT", table_sql, count=1, flags=re.I)
-        if found != 1:
-            raise StorageError("Cannot find the memories table's id column to upgrade; the database schema was changed by hand.")
-        extras = [r[0] for r in conn.execute("SELECT sql FROM sqlite_master WHERE tbl_name = 'memories' AND type IN ('index', 'trigger') "
-                                             "AND sql IS NOT NULL ORDER BY type, name")]
-        conn.execute("CREATE TEMP TABLE memories_copy AS SELECT * FROM memories")
-        conn.execute("DROP TABLE memories")
-        conn.execute(new_sql)
-        conn.execute("INSERT INTO memories SELECT * FROM temp.memories_copy")  # explicit ids also set sqlite_sequence
-        conn.execute("DROP TABLE temp.memories_copy")
-        for sql in extras:
-            conn.execute(sql)
-    if "uid" not in {r[1] for r in conn.execute("PRAGMA table_info(memories)")}:
-        conn.execute("ALTER TABLE memories ADD COLUMN uid TEXT")
-    conn.execute("UPDATE memories SET uid = lower(hex(randomblob(16))) WHERE uid IS NULL")
-    conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS memories_uid ON memories(uid)")
-
 MEMORY_COLUMNS = ("id, session_id, content, tags, metadata, tokens, created_at, updated_at, version, occurred_at, speaker, "
                   "attachments, (SELECT key FROM episodes WHERE episodes.id = memories.episode_id)")
 
@@ -200,6 +54,14 @@ def row_to_memory(row) -> dict:
         "updated_at": row[7] or row[6], "version": row[8],
         "occurred_at": row[9], "speaker": row[10], "attachments": json.loads(row[11]), "episode": row[12],
     }
+
+
+def read_memories(store: "Store", ids: list[int]) -> dict[int, dict]:
+    """The memories with these ids (those that exist), by id."""
+    if not ids:
+        return {}
+    rows = store.read(f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),))
+    return {r[0]: row_to_memory(r) for r in rows}
 
 
 class Store:
@@ -389,7 +251,7 @@ class Store:
                     if callable(migration):
                         migration(conn)
                     else:
-                        for statement in _split_sql(migration):
+                        for statement in split_sql(migration):
                             conn.execute(statement)
                     broken = conn.execute("PRAGMA foreign_key_check").fetchall()
                     if broken:
@@ -465,6 +327,62 @@ class Store:
                 "re-embed everything with reindex='auto' (CLI: tinycontext reindex).",
                 stored=stored, configured=identity,
             )
+
+    # -- export and backup (tinycontext/memory/transfer.py writes the files) ----------------------
+
+    def has_session(self, session: str) -> bool:
+        return bool(self.read("SELECT 1 FROM sessions WHERE id = ?", (session,)))
+
+    def dump_sessions(self, session: str | None = None) -> list[tuple[str, str]]:
+        """(id, created_at) of every session (or only ``session``), oldest first."""
+        where, params = (" WHERE id = ?", [session]) if session is not None else ("", [])
+        return self.read(f"SELECT id, created_at FROM sessions{where} ORDER BY created_at, id", params)
+
+    def count_memories(self, session: str | None = None) -> int:
+        where, params = (" WHERE session_id = ?", [session]) if session is not None else ("", [])
+        return self.read(f"SELECT count(*) FROM memories{where}", params)[0][0]
+
+    def dump_memories(self, session: str | None = None, *, vectors: bool = False, page: int = 256) -> Iterator[dict]:
+        """Every memory (or ``session``'s) in id order, as an export keeps it: the fields recall
+        returns, plus ``uid``, ``expires_at``, its ``history`` and (``vectors``) the raw ``vector``
+        bytes when it has one. Read a page at a time, so huge databases stream."""
+        where, params = (" AND session_id = ?", [session]) if session is not None else ("", [])
+        last = 0
+        while True:
+            rows = self.read(f"SELECT {MEMORY_COLUMNS}, uid, expires_at FROM memories WHERE id > ?{where} ORDER BY id LIMIT ?",
+                             [last, *params, page])
+            if not rows:
+                return
+            ids = json.dumps([r[0] for r in rows])
+            history: dict[int, list[dict]] = {}
+            for r in self.read("SELECT memory_id, version, content, tags, metadata, created_at, superseded_at FROM memory_versions "
+                               "WHERE memory_id IN (SELECT value FROM json_each(?)) ORDER BY memory_id, version", (ids,)):
+                history.setdefault(r[0], []).append({"version": r[1], "content": r[2], "tags": json.loads(r[3]),
+                                                     "metadata": json.loads(r[4]), "created_at": r[5], "superseded_at": r[6]})
+            blobs = dict(self.read("SELECT memory_id, embedding FROM memory_vectors WHERE memory_id IN (SELECT value FROM json_each(?))",
+                                   (ids,))) if vectors else {}
+            for r in rows:
+                memory = row_to_memory(r)
+                memory.update(uid=r[-2], expires_at=r[-1], history=history.get(r[0], []))
+                if r[0] in blobs:
+                    memory["vector"] = blobs[r[0]]
+                yield memory
+            last = rows[-1][0]
+
+    def backup_into(self, path: Path) -> tuple[str, int]:
+        """Copy the live database into a new file at ``path`` (SQLite's online backup API), left in
+        rollback-journal mode as a standalone file; returns its ``integrity_check`` and memory count."""
+        try:
+            target = self.driver.connect(str(path))
+            try:
+                with self.lock:
+                    self.conn.backup(target)
+                target.execute("PRAGMA journal_mode = DELETE")
+                return target.execute("PRAGMA integrity_check").fetchone()[0], target.execute("SELECT count(*) FROM memories").fetchone()[0]
+            finally:
+                target.close()
+        except self.driver.Error as exc:
+            raise StorageError(str(exc), sqlite_error=getattr(exc, "sqlite_errorname", None) or type(exc).__name__) from exc
 
     def close(self) -> None:
         with self.lock, self._pool_lock:
@@ -554,16 +472,3 @@ def typed_storage_errors(cls):
 
         setattr(cls, name, wrap(method))
     return cls
-
-
-def _split_sql(script: str) -> list[str]:
-    """Split a migration into statements; complete_statement knows a trigger's BEGIN...END."""
-    import sqlite3
-
-    statements, buffer = [], ""
-    for line in script.strip().splitlines(keepends=True):
-        buffer += line
-        if sqlite3.complete_statement(buffer):
-            statements.append(buffer.strip())
-            buffer = ""
-    return statements

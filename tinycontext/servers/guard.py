@@ -6,7 +6,9 @@
    when sent, that is neither such a host nor a configured CORS origin (403). A web page whose
    domain an attacker points at 127.0.0.1 (DNS rebinding) sends its own name as Host and Origin,
    so it cannot read or plant memories through a server on this machine;
-2. checks the bearer token (``TINYCONTEXT_API_TOKEN``) with a constant-time compare (401);
+2. checks the bearer token (``TINYCONTEXT_API_TOKEN``) with a constant-time compare (401), except on
+   the open paths an app names: the memory browser's static page, script and style, which hold no
+   data (a browser cannot send a bearer header when it opens a URL; the page asks for the token);
 3. caps request bodies, streamed ones included (413).
 
 Listening beyond loopback without a token is refused at startup; a server started some other way
@@ -90,6 +92,8 @@ class ServeSettings:
     cors_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     token: str | None = field(default=None, repr=False)  # never shown in logs or reprs
+    # The management token (management views) also passes the bearer check where a token is required.
+    management_token: str | None = field(default=None, repr=False)
     max_body_bytes: int = MAX_BODY_BYTES
 
     @classmethod
@@ -134,10 +138,13 @@ class ServeSettings:
 class Guard:
     """ASGI middleware: Host/Origin allow-list, bearer token and body cap, answering ``{code, message}``."""
 
-    def __init__(self, app: ASGIApp, *, settings: ServeSettings):
+    def __init__(self, app: ASGIApp, *, settings: ServeSettings, open_paths: tuple[str, ...] = ()):
         self.app = app
         self.settings = settings
+        # Paths served without the token (an entry ending in "/" is a prefix); Host and Origin are still checked.
+        self.open_paths = open_paths
         self.token = settings.token.encode("utf-8") if settings.token else None
+        self.tokens = [t.encode("utf-8") for t in (settings.token, settings.management_token) if t]
         self.max_body_bytes = settings.max_body_bytes
         self.allowed_hosts = {h.lower() for h in settings.allowed_hosts}
         if settings.host not in ("0.0.0.0", "::", ""):  # the address it listens on is a name clients use
@@ -178,10 +185,14 @@ class Guard:
             if _remote_client(scope):
                 return 401, "unauthorized", f"This server has no {TOKEN_ENV} set, so it only answers loopback clients."
             return None
+        path = scope.get("path", "")
+        if any(path == p or (p.endswith("/") and path.startswith(p)) for p in self.open_paths):
+            return None
         header = (_header(scope, b"authorization") or "").strip()
         scheme, _, supplied = header.partition(" ")
-        # compare_digest: the time taken must not reveal how much of the token matched.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(supplied.strip().encode("utf-8"), self.token):
+        # Every token is compared, each with compare_digest: the time taken must not reveal which matched how far.
+        matches = [hmac.compare_digest(supplied.strip().encode("utf-8"), token) for token in self.tokens]
+        if scheme.lower() != "bearer" or not any(matches):
             return 401, "unauthorized", "Missing or wrong bearer token: send 'Authorization: Bearer <TINYCONTEXT_API_TOKEN>'."
         return None
 
@@ -251,10 +262,11 @@ async def _reply(send: Send, status: int, code: str, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def protect(app, settings: ServeSettings) -> None:
+def protect(app, settings: ServeSettings, *, open_paths: tuple[str, ...] = ()) -> None:
     """Install the guard and the CORS policy on a Starlette/FastAPI ``app`` (before it starts).
-    CORS is outermost so browser preflights (which carry no token) from configured origins work."""
-    app.add_middleware(Guard, settings=settings)
+    CORS is outermost so browser preflights (which carry no token) from configured origins work.
+    ``open_paths``: static files that need no token (see :class:`Guard`)."""
+    app.add_middleware(Guard, settings=settings, open_paths=open_paths)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=CORS_METHODS,
                            allow_headers=CORS_HEADERS, expose_headers=["Mcp-Session-Id"])

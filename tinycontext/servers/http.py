@@ -8,12 +8,14 @@ import signal
 import threading
 import time
 from contextlib import asynccontextmanager, contextmanager
-from typing import Iterator
+from dataclasses import replace
+from typing import Callable, Iterator
 
 from starlette.types import ASGIApp
 
 from ..config import TinyContextConfig
 from ..errors import ConfigError, MissingExtraError, ModelMismatchError
+from . import otel
 from .guard import TRANSPORTS, ServeSettings, is_loopback, protect
 
 __all__ = ["TRANSPORTS", "ServeSettings", "background", "mcp_app", "rest_app", "serve"]
@@ -21,6 +23,17 @@ __all__ = ["TRANSPORTS", "ServeSettings", "background", "mcp_app", "rest_app", "
 # Seconds a stopping server waits for open streams (an MCP client's SSE GET) before cancelling them;
 # under `docker stop`'s 10 s so the engines still close cleanly.
 SHUTDOWN_GRACE_S = 5
+
+
+def with_management(settings: ServeSettings, config: TinyContextConfig) -> ServeSettings:
+    """``settings`` for serving ``config`` over HTTP: refused when management is on without access control
+    (tinycontext.servers.manage.check_serving); the management token also passes the bearer check."""
+    from .manage import check_serving
+
+    check_serving(config)
+    if config.management and config.management_token is not None:
+        return replace(settings, management_token=config.management_token.get_secret_value())
+    return settings
 
 
 def mcp_app(settings: ServeSettings, config: TinyContextConfig | None = None) -> ASGIApp:
@@ -32,6 +45,7 @@ def mcp_app(settings: ServeSettings, config: TinyContextConfig | None = None) ->
     from .mcp_server import build_server, warm_up
 
     config = config or load_config()
+    settings = with_management(settings, config)
     server = build_server(config)
     server.settings.max_request_body_size = settings.max_body_bytes
     add_health_route(server, config)
@@ -59,7 +73,7 @@ def rest_app(settings: ServeSettings, config: TinyContextConfig | None = None) -
     except ImportError as exc:
         raise MissingExtraError(f"The REST API needs FastAPI ({exc.name} is missing): pip install 'tinycontext[server]'.") from exc
 
-    return create_app(config, settings=settings)
+    return create_app(config, settings=settings if config is None else with_management(settings, config))
 
 
 @contextmanager
@@ -87,14 +101,16 @@ def background(app: ASGIApp, *, host: str = "127.0.0.1", port: int = 0, timeout:
         thread.join(timeout)
 
 
-def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, rest: bool = False, log_level: str = "warning") -> None:
+def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, rest: bool = False, log_level: str = "warning",
+          on_started: Callable[[str], None] | None = None) -> None:
     """Run until SIGINT/SIGTERM: MCP over ``settings.transport`` (sse or streamable-http) or, with
     ``rest``, the REST app. The stdio transport is the ``tinycontext mcp`` command's job.
 
     The engine opens before the port does, so a bad database, model or volume stops the server with
     its error instead of a listener that fails every call. On a stop signal uvicorn stops accepting,
     lets requests in flight finish (streams still open after ``SHUTDOWN_GRACE_S`` are cancelled),
-    then the engines close, which checkpoints the WAL into the database file."""
+    then the engines close, which checkpoints the WAL into the database file. ``on_started``: called
+    with the base URL (the real port when ``settings.port`` is 0) once the server listens."""
     import sys
 
     import uvicorn
@@ -106,6 +122,8 @@ def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, r
     if settings.transport == "stdio" and not rest:
         raise ConfigError("The stdio transport is not a network server: run `tinycontext mcp`.")
     config = config or load_config()
+    settings = with_management(settings, config)  # before the engine opens: a refusal costs nothing
+    otel.configure()
     try:
         engine = get_engine(config)
         try:
@@ -119,6 +137,8 @@ def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, r
         print(f"TinyContext {what} on http://{settings.host}:{settings.port}; {auth}. Ctrl-C to stop.", file=sys.stderr)
         server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                                                server_header=False, timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+        if on_started is not None:
+            threading.Thread(target=_when_started, args=(server, settings.host, on_started), daemon=True).start()
         with _sigterm_returns():
             try:
                 server.run()
@@ -128,6 +148,15 @@ def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, r
     finally:
         close_engines()
     print("TinyContext stopped: requests finished, database checkpointed and closed.", file=sys.stderr)
+
+
+def _when_started(server, host: str, on_started: Callable[[str], None]) -> None:
+    while not server.started:
+        if server.should_exit:
+            return
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    on_started(f"http://{'[' + host + ']' if ':' in host else host}:{port}")
 
 
 @contextmanager
