@@ -21,7 +21,7 @@ import numpy as np
 import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import browse, codes, keyword_mode as keyword
+from . import browse, codes, facts, keyword_mode as keyword
 from ..retrieval import conversation, language, time_windows as when
 from ..budget.tokens import TokenCounter, fit_budget
 from ..config import TinyContextConfig
@@ -35,7 +35,7 @@ from ..errors import (
     RecallBudgetError,
     SessionNotFoundError,
 )
-from ..retrieval.filters import Filters, expiry, parse_filters, parse_occurred_at
+from ..retrieval.filters import Filters, expiry, parse_filters, parse_occurred_at, parse_time
 from ..budget.render import Page, check_agent_budget, check_detail, recall_page
 from ..retrieval.bounded_bm25 import bounded_match
 from ..retrieval.fusion import Signals, cliff_cut, fuse, relevance_floor
@@ -74,6 +74,8 @@ class MemoryInput(BaseModel):
     episode: str | None = Field(None, description="Episode key (chat session, thread); one save call's turns form one by default.")
     expires_at: str | None = Field(None, description="ISO 8601 time after which the memory is deleted (optional).")
     ttl_seconds: int | None = Field(None, description="Delete the memory this many seconds after saving (optional).")
+    supersedes: int | None = Field(None, description="Id of the memory this one replaces: it gets valid_until, recall prefers this one.")
+    valid_from: str | None = Field(None, description="ISO 8601 time since when the fact holds (default: when saved).")
 
 
 class StoredMemory(MemoryInput):
@@ -88,6 +90,8 @@ class StoredMemory(MemoryInput):
     history: list[dict[str, Any]] = Field(default_factory=list)
     # The stored vector (float32 little-endian bytes, or numbers), reused when it fits this embedder.
     vector: list[float] | bytes | None = None
+    valid_until: str | None = None
+    superseded_by: int | None = None
 
 
 def _depth(value: Any, level: int = 0) -> int:
@@ -265,6 +269,8 @@ class MemoryEngine:
                 attachments=conversation.check_attachments(item.attachments, where),
                 episode=conversation.check_label(item.episode, "episode", conversation.MAX_EPISODE_CHARS, where),
                 expires_at=expiry(item.expires_at, item.ttl_seconds, where),
+                supersedes=None if item.supersedes is None else _check_int(item.supersedes, f"{where}.supersedes", 1, 2**63 - 1),
+                valid_from=None if item.valid_from is None else parse_time(item.valid_from, f"{where}.valid_from"),
             ))
         return out
 
@@ -299,6 +305,13 @@ class MemoryEngine:
                 if not {"version", "content", "created_at", "superseded_at"} <= old.keys():
                     raise InvalidInputError(f"memories[{i}].history entries need version, content, created_at and superseded_at.", index=i)
         return items, stored
+
+    def renumber_links(self, ids: Sequence[int], renumbered: dict[int, int]) -> None:
+        """After an import gave some memories new ids: point the imported memories' ``superseded_by``
+        at their successors' new ids (joins the import's transaction)."""
+        with self.store.write() as conn:
+            conn.executemany("UPDATE memories SET superseded_by = ? WHERE superseded_by = ? AND id IN (SELECT value FROM json_each(?))",
+                             [(new, old, json.dumps(list(ids))) for old, new in renumbered.items()])
 
     def ensure_session(self, session_id: str, *, created_at: str | None = None) -> bool:
         """Create a session (with ``created_at``, e.g. kept by an import) unless it exists; True if created."""
@@ -341,7 +354,9 @@ class MemoryEngine:
                                         (json.dumps(uids),)).fetchall()) if uids else {}
             existing = dict(conn.execute("SELECT content_hash, min(id) FROM memories WHERE session_id = ? AND content_hash IN "
                                          "(SELECT value FROM json_each(?)) GROUP BY content_hash", (session, json.dumps(hashes))).fetchall())
-            rows, tag_rows, history_rows = [], [], []
+            self._check_supersedes(conn, [m.supersedes for m in items])
+            texts: dict[int, str] = {}  # this call's memories, for the supersession check against each other
+            rows, tag_rows, history_rows, candidates, supersede = [], [], [], [], []
             for i, (item, digest, vector) in enumerate(zip(items, hashes, [None] * len(items) if vectors is None else vectors)):
                 restored = stored[i] if stored is not None else None
                 if restored is not None and restored.uid is not None and restored.uid in present:
@@ -349,12 +364,28 @@ class MemoryEngine:
                     continue
                 if digest in existing or digest in batch_seen:
                     # Same text already in this session: saving it again would only waste recall tokens.
-                    skipped.append({"index": i, "reason": "duplicate", "duplicate_of": existing.get(digest, batch_seen.get(digest))})
+                    same = existing.get(digest, batch_seen.get(digest))
+                    skipped.append({"index": i, "reason": "duplicate", "duplicate_of": same})
+                    if item.supersedes is not None and item.supersedes != same:
+                        # The new fact is already stored (e.g. saved before its supersession candidate was
+                        # reported): that memory is the one that supersedes.
+                        supersede.append((item.valid_from or created, same, item.supersedes))
+                        skipped[-1]["supersedes"] = item.supersedes
                     continue
                 similar = None
                 if check and restored is None:
                     similar = _nearest(neighbours[i] if neighbours is not None else self._vec0_nearest(conn, session, vector), vector, batch_kept)
-                if similar and similar[1] >= self.config.dedup_threshold:
+                if similar and similar[0] == item.supersedes:
+                    similar = None  # the memory it replaces is expected to be close
+                changed = None
+                if similar and similar[1] >= self.config.supersession_threshold:
+                    old = texts.get(similar[0]) or conn.execute("SELECT content FROM memories WHERE id = ? AND valid_until IS NULL",
+                                                                (similar[0],)).fetchone()
+                    changed = old and facts.contradiction(item.content, old if isinstance(old, str) else old[0])
+                if changed:
+                    # Same subject, other value: the caller decides (save again with supersedes); never skipped as a near-duplicate.
+                    candidates.append({"index": i, "supersedes": similar[0], "similarity": round(similar[1], 4), **changed})
+                elif similar and similar[1] >= self.config.dedup_threshold:
                     report = {"index": i, "similar_to": similar[0], "similarity": round(similar[1], 4)}
                     if self.config.dedup_mode == "skip":
                         skipped.append({**report, "reason": "near_duplicate"})
@@ -371,13 +402,18 @@ class MemoryEngine:
                 mid = restored.id if restored is not None and restored.id is not None and restored.id > ceiling else ceiling + 1
                 ceiling = mid
                 born = (restored.created_at if restored is not None else None) or created
+                valid_from = item.valid_from or (created if item.supersedes is not None else None)
+                if item.supersedes is not None:
+                    supersede.append((valid_from, mid, item.supersedes))
                 rows.append((mid, session, item.content, json.dumps(item.tags, ensure_ascii=False), json.dumps(item.metadata, ensure_ascii=False),
                              digest, tokens[i], born, (restored.updated_at if restored is not None else None) or born,
                              restored.version if restored is not None else 1, item.occurred_at, item.speaker,
                              json.dumps(item.attachments, ensure_ascii=False),
                              conversation.search_context(item.speaker, item.occurred_at, item.attachments),
                              None if key is None else episodes[key], item.expires_at,
-                             (restored.uid if restored is not None else None) or uuid.uuid4().hex))
+                             (restored.uid if restored is not None else None) or uuid.uuid4().hex, valid_from,
+                             restored.valid_until if restored is not None else None,
+                             restored.superseded_by if restored is not None else None))
                 if restored is not None:
                     if restored.uid is not None:
                         present[restored.uid] = mid  # the same uid twice in one call: the second is skipped
@@ -390,11 +426,14 @@ class MemoryEngine:
                 if vector is not None:
                     batch_kept.append((mid, vector))
                 batch_seen[digest] = mid
-                saved.append({"index": i, "id": mid, "tokens": tokens[i]})
+                texts[mid] = item.content
+                saved.append({"index": i, "id": mid, "tokens": tokens[i], **({"supersedes": item.supersedes} if item.supersedes else {})})
             conn.executemany(
                 "INSERT INTO memories(id, session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
-                " occurred_at, speaker, attachments, context, episode_id, expires_at, uid)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                " occurred_at, speaker, attachments, context, episode_id, expires_at, uid, valid_from, valid_until, superseded_by)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            # The old fact keeps its text and history; it now ends where the new one starts.
+            conn.executemany("UPDATE memories SET valid_until = ?, superseded_by = ? WHERE id = ?", supersede)
             conn.executemany("INSERT OR REPLACE INTO memory_versions(memory_id, version, content, tags, metadata, created_at, superseded_at)"
                              " VALUES (?, ?, ?, ?, ?, ?, ?)", history_rows)
             conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", tag_rows)
@@ -409,9 +448,28 @@ class MemoryEngine:
             "saved": saved,
             "skipped": skipped,
             "near_duplicates": near,
+            # Stored facts these look like changed versions of: not applied, save with supersedes to do so.
+            **({"supersession_candidates": candidates} if candidates else {}),
             "total_tokens": sum(s["tokens"] for s in saved),
             **({"renumbered": renumbered, "embedded": len({s["index"] for s in saved} & set(missing))} if stored is not None else {}),
         }
+
+    @staticmethod
+    def _check_supersedes(conn, targets: list[int | None]) -> None:
+        """The ids a save replaces: each must exist, be current, and be named once (read under the write lock)."""
+        wanted = [t for t in targets if t is not None]
+        if len(set(wanted)) != len(wanted):
+            raise InvalidInputError("Two memories in one call supersede the same memory; one memory replaces it.")
+        if not wanted:
+            return
+        found = {r[0]: r[1] for r in conn.execute("SELECT id, superseded_by FROM memories WHERE id IN (SELECT value FROM json_each(?))",
+                                                   (json.dumps(wanted),))}
+        for target in wanted:
+            if target not in found:
+                raise MemoryNotFoundError(f"supersedes: no memory with id {target}; nothing was saved. Recall to find current ids.")
+            if found[target] is not None:
+                raise ConflictError(f"supersedes: memory {target} was already superseded by {found[target]}; supersede that one instead. "
+                                    "Nothing was saved.", id=target, superseded_by=found[target])
 
     def _vectors(self, items: list, indexed: list[str], stored) -> tuple[np.ndarray, list[int]]:
         """One vector per item: a valid stored one (import) or freshly embedded; and which were embedded."""
