@@ -272,6 +272,7 @@ def _recall_args(parser):
     parser.add_argument("--offset", type=int, default=0, help="skip this many ranked results (paging)")
     add_filter_args(parser)
     parser.add_argument("--detail", choices=DETAILS, default="compact", help="compact (default) or full: also session, metadata, scores")
+    parser.add_argument("--include-superseded", action="store_true", help="also show facts a newer memory superseded (marked)")
     parser.add_argument("--json", action="store_true", help="print the structured answer (compact JSON, within --max-tokens)")
 
 
@@ -279,7 +280,8 @@ def _recall_args(parser):
 def recall(args):
     with open_engine(args) as engine:
         page = engine.recall_rendered(args.query, session_id=args.session, max_tokens=args.max_tokens, top_k=args.top_k,
-                                      tags=args.tag, offset=args.offset, detail=args.detail, filters=filters_of(args))
+                                      tags=args.tag, offset=args.offset, detail=args.detail, filters=filters_of(args),
+                                      include_superseded=args.include_superseded)
     # The output is exactly what the budget counted: the text, or the structured content as compact JSON.
     print(to_json(page.structured) if args.json else page.text)
 

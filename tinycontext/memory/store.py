@@ -364,6 +364,11 @@ class Store:
                 yield memory
             last = rows[-1][0]
 
+    def superseded_among(self, ids: Iterable[int]) -> set[int]:
+        """Which of ``ids`` are facts a newer memory superseded (schema v8; a partial index makes it cheap)."""
+        return {r[0] for r in self.read("SELECT id FROM memories WHERE superseded_by IS NOT NULL AND id IN (SELECT value FROM json_each(?))",
+                                        (json.dumps([int(i) for i in ids]),))}
+
     def backup_into(self, path: Path) -> tuple[str, int]:
         """Copy the live database into a new file at ``path`` (SQLite's online backup API), left in
         rollback-journal mode as a standalone file; returns its ``integrity_check`` and memory count."""

@@ -219,7 +219,7 @@ def build_server(config: TinyContextConfig | None = None) -> TinyContextMCP:
     async def recall(r: tools.RecallRequest):
         return await run(lambda engine: engine.recall_rendered(
             r.query, session_id=r.session_id, max_tokens=r.max_tokens, top_k=r.top_k, tags=r.tags, offset=r.offset,
-            detail=r.detail, filters=r.filters))
+            detail=r.detail, filters=r.filters, include_superseded=r.include_superseded))
 
     @tool("get_memory", memory_block)
     async def get(r: tools.IdRequest):
