@@ -3,8 +3,8 @@
 Every import counts (module level, inside functions, under ``TYPE_CHECKING``): each is a dependency a
 reader has to follow. Parts and layers, lowest first:
 
-- ground: ``config``, ``errors``, ``sqlite``, ``version``;
-- services: ``models`` (embedders), ``retrieval`` (recall's stages), ``budget`` (tokens, rendering);
+- ground: ``config``, ``errors``, ``sqlite``, ``telemetry`` (OpenTelemetry API, no-op without a provider), ``version``;
+- services: ``models`` (embedders), ``retrieval`` (recall's stages), ``budget`` (tokens, rendering), ``activity`` (activity records);
 - capabilities: ``memory`` (the engine and its store), ``web`` (web evidence); they do not import each other;
 - adapters: ``servers`` (MCP, REST), ``cli``, and the public API in ``tinycontext/__init__.py``.
 
@@ -22,8 +22,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tinycontext"
 LAYERS = {
-    "config": 0, "errors": 0, "sqlite": 0, "version": 0,
-    "models": 1, "retrieval": 1, "budget": 1,
+    "config": 0, "errors": 0, "sqlite": 0, "telemetry": 0, "version": 0,
+    "models": 1, "retrieval": 1, "budget": 1, "activity": 1,
     "memory": 2, "web": 2,
     "servers": 3, "cli": 3, "": 3, "__main__": 3,  # "": tinycontext/__init__.py
 }

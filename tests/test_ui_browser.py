@@ -104,24 +104,34 @@ def test_an_edit_shows_in_the_history(ui, hash_engine):
     assert hash_engine.get(ui.ids["db"])["content"] == "The staging database is Postgres 17"
 
 
+def confirm_next(page, accept: bool) -> list:
+    """Answer the page's next dialog with ``accept``; the list gets its (type, message)."""
+    asked: list = []
+    page.once("dialog", lambda dialog: (asked.append((dialog.type, dialog.message)), dialog.accept() if accept else dialog.dismiss()))
+    return asked
+
+
+def wait_for_dialog(page, asked: list) -> tuple[str, str]:
+    for _ in range(200):  # the dialog event reaches Python while Playwright waits, not within the click
+        if asked:
+            return asked[0]
+        page.wait_for_timeout(25)
+    pytest.fail("no dialog appeared")
+
+
 def test_a_delete_asks_for_confirmation_first(ui, hash_engine):
     page = ui.open(f"memory/{ui.ids['release']}")
     page.get_by_label("Content").wait_for()
-    asked: list[str] = []
-
-    def answer(dialog, accept: bool):
-        asked.append(dialog.message)
-        dialog.accept() if accept else dialog.dismiss()
-
-    page.once("dialog", lambda d: answer(d, False))
+    asked = confirm_next(page, accept=False)
     page.get_by_role("button", name="Delete memory").click()
-    page.wait_for_function("() => true")
-    assert asked and "cannot be undone" in asked[0]
+    kind, message = wait_for_dialog(page, asked)
+    assert kind == "confirm" and "cannot be undone" in message
     assert hash_engine.get(ui.ids["release"])["id"] == ui.ids["release"]  # dismissed: still there
-    page.once("dialog", lambda d: answer(d, True))
+    asked = confirm_next(page, accept=True)
     page.get_by_role("button", name="Delete memory").click()
+    wait_for_dialog(page, asked)
     page.get_by_text(f"Deleted memory {ui.ids['release']}.").wait_for()
-    assert len(asked) == 2 and hash_engine.stats()["memories"] == 3
+    assert hash_engine.stats()["memories"] == 3
 
 
 def test_bulk_delete_shows_the_dry_run_count_then_deletes_that_many(ui, hash_engine):
@@ -133,11 +143,10 @@ def test_bulk_delete_shows_the_dry_run_count_then_deletes_that_many(ui, hash_eng
     page.get_by_role("button", name="Count matches (dry run)").click()
     page.get_by_text("Dry run: 2 memories match; nothing was deleted.").wait_for()
     assert hash_engine.stats()["memories"] == 4
-    asked: list[str] = []
-    page.once("dialog", lambda d: (asked.append(d.message), d.accept()))
+    asked = confirm_next(page, accept=True)
     page.get_by_role("button", name="Delete 2 matching memories").click()
+    assert wait_for_dialog(page, asked) == ("confirm", "Delete 2 memories and their history? This cannot be undone.")
     page.get_by_text("Deleted 2 memories.").wait_for()
-    assert asked == ["Delete 2 memories and their history? This cannot be undone."]
     assert hash_engine.stats()["memories"] == 2
 
 
@@ -190,3 +199,23 @@ def test_a_token_server_asks_for_the_token(chromium, hash_engine):
             assert page.locator("#token-form").is_hidden() and not opened.foreign()
         finally:
             opened.context.close()
+
+
+def test_keyboard_alone_reaches_the_views_and_the_search_controls_in_reading_order(ui):
+    page = ui.open()
+    page.get_by_role("cell", name="proj", exact=True).wait_for()
+    focused = []
+    for _ in range(3):
+        page.keyboard.press("Tab")
+        focused.append(page.evaluate("document.activeElement.textContent.trim()"))
+    assert focused == ["Sessions", "Search", "Browse"]
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Enter")  # follows the Search link
+    page.wait_for_function("document.activeElement && document.activeElement.id === 'q'")
+    order = []
+    for _ in range(4):
+        page.keyboard.press("Tab")
+        order.append(page.evaluate("document.activeElement.id || document.activeElement.textContent.trim()"))
+    assert order == ["search-session", "search-budget", "search-detail", "Search"]
+    # Every clickable control is a real button or link, so Enter and Space work on it.
+    assert page.evaluate("[...document.querySelectorAll('[onclick], [role=button]')].length") == 0

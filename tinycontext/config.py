@@ -8,12 +8,14 @@ environment variables.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import os
 import sys
 import typing
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -29,6 +31,9 @@ CAPABILITIES = ("memory", "manage", "web", "browser")
 Capability = Literal[CAPABILITIES]  # type: ignore[valid-type]
 # MCP transports `tinycontext serve` offers (MCP_TRANSPORT); here so the CLI can list them without the server extra.
 TRANSPORTS: tuple[str, ...] = ("stdio", "sse", "streamable-http")
+# Upstream proxy kinds (tinycontext/web/proxies.py), and settings whose rejected value is never echoed.
+PROXY_SCHEMES = ("http", "https", "socks5")
+HIDDEN_VALUES = frozenset({"proxy_server", "proxy_password"})
 
 
 def default_db_path() -> Path:
@@ -37,6 +42,10 @@ def default_db_path() -> Path:
 
 def default_models_dir() -> Path:
     return Path(platformdirs.user_cache_dir(APP_NAME)) / "models"
+
+
+def default_activity_db_path() -> Path:
+    return Path(platformdirs.user_data_dir(APP_NAME)) / "activity" / "activity.db"
 
 
 def default_config_file() -> Path:
@@ -145,6 +154,25 @@ class TinyContextConfig(BaseModel):
     # bulk delete), web (search, scrape, datetime), browser; "all" for every one. Each tool's definition rides on
     # every request, so the default is what an agent loop calls (notes/agent_surface.md). Env: comma-separated.
     tools: tuple[Capability, ...] = ("memory",)
+    # Activity records (tinycontext/activity, docs/management.md): "off"; "history" keeps each call's operation,
+    # time, outcome and counts (no queries, text or URLs); "content" also what was asked and what the model was
+    # shown. "on" means "history".
+    activity: Literal["off", "history", "content"] = "off"
+    # The activity records' SQLite file (owner-only: file 0600, a folder it creates 0700).
+    activity_db: Path = Field(default_factory=default_activity_db_path)
+    # Records older than this many days, and beyond the newest activity_max_events, are deleted on each write.
+    activity_retention_days: int = Field(7, ge=1, le=3650)
+    activity_max_events: int = Field(5000, ge=1, le=10_000_000)
+    # Management views (MCP resources under tinycontext://manage/, REST /manage/...) and the clear_my_history tool.
+    management: bool = False
+    # Over HTTP, the instance views need "Authorization: Bearer <management_token>" (at least 24 characters).
+    management_token: SecretStr | None = None
+    # Over HTTP, the per-caller views need a caller identity (management_identity_header), believed only from
+    # these proxy addresses (CIDRs; env: comma-separated) when the request also carries management_proxy_token
+    # (at least 32 characters) in the X-TinyContext-Proxy-Token header.
+    management_trusted_proxies: tuple[str, ...] = ()
+    management_proxy_token: SecretStr | None = None
+    management_identity_header: str = Field("X-Forwarded-User", min_length=1, max_length=100)
     # Web tools (search, scrape_urls, current_datetime) in the MCP server, REST API and CLI.
     web_tools: bool = True
     # "ddgs": DuckDuckGo & co via the ddgs package (no key); "searxng": searxng_url's JSON API; "auto": SearXNG, then ddgs.
@@ -201,6 +229,41 @@ class TinyContextConfig(BaseModel):
     browser_timeout_seconds: float = Field(15.0, gt=0)
     # Default token budget of one browser view.
     browser_max_tokens: int = Field(2000, ge=64, le=1_000_000)
+    # Upstream proxies for crawling: the HTTP fetcher, the search backends and the browser connect through them
+    # (tinycontext/web/proxies.py). http://, https:// or socks5://host:port; several (env: comma-separated) are
+    # used in turn, one per new connection (the browser: per session). The SSRF guard still decides on each target
+    # first, and a proxy receives the checked address. Operator settings: environment or config file only.
+    proxy_server: tuple[str, ...] = ()
+    proxy_username: str = ""
+    proxy_password: SecretStr | None = None
+    # Targets that connect directly: domains (with their subdomains), IP addresses or CIDR blocks, "<local>" (names
+    # without a dot), "*" (all). Env: comma-separated.
+    proxy_bypass: tuple[str, ...] = ()
+
+    @field_validator("proxy_server", "proxy_bypass", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("proxy_server", mode="after")
+    @classmethod
+    def _proxy_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for i, url in enumerate(value):
+            try:
+                parts = urlsplit(url)
+                parts.port  # noqa: B018 - raises on a bad port
+            except ValueError:
+                raise ValueError(f"proxy {i + 1} is not a URL") from None
+            if parts.scheme not in PROXY_SCHEMES or not parts.hostname:
+                raise ValueError(f"proxy {i + 1} must be {', '.join(s + '://host:port' for s in PROXY_SCHEMES)}")
+            if parts.username is not None or parts.password is not None:
+                # Kept out of URLs, which end up in messages: proxy_username and proxy_password hold them.
+                raise ValueError(f"proxy {i + 1} names credentials in its URL: set proxy_username and proxy_password instead")
+            if parts.path not in ("", "/") or parts.query or parts.fragment:
+                raise ValueError(f"proxy {i + 1} has a path: give scheme://host:port only")
+        return value
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -211,7 +274,42 @@ class TinyContextConfig(BaseModel):
             return CAPABILITIES
         return tuple(dict.fromkeys(value)) if isinstance(value, (list, tuple)) else value
 
-    @field_validator("memory_db_path", "models_dir", "browser_executable_path", mode="after")
+    @field_validator("activity", mode="before")
+    @classmethod
+    def _activity(cls, value: Any) -> Any:
+        # TINYCONTEXT_ACTIVITY=on (the wording operators expect) is the history mode; true/false as well.
+        if isinstance(value, bool):
+            return "history" if value else "off"
+        if isinstance(value, str) and value.strip().lower() in ("on", "true", "yes", "1"):
+            return "history"
+        if isinstance(value, str) and value.strip().lower() in ("false", "no", "0"):
+            return "off"
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("management_trusted_proxies", mode="before")
+    @classmethod
+    def _proxies(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, (list, tuple)):
+            for cidr in value:
+                try:
+                    ipaddress.ip_network(str(cidr), strict=False)
+                except ValueError as exc:
+                    raise ValueError(f"{cidr!r} is not an IP network (CIDR), e.g. 10.0.0.0/8 or 127.0.0.1/32") from exc
+            return tuple(str(ipaddress.ip_network(str(c), strict=False)) for c in value)
+        return value
+
+    @field_validator("management_token", "management_proxy_token", mode="after")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None, info) -> SecretStr | None:
+        least = 24 if info.field_name == "management_token" else 32
+        if value is not None and len(value.get_secret_value().strip()) < least:
+            raise ValueError(f"must be at least {least} characters; generate one with "
+                             "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+        return value if value is None else SecretStr(value.get_secret_value().strip())
+
+    @field_validator("memory_db_path", "models_dir", "browser_executable_path", "activity_db", mode="after")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value if value is None else value.expanduser()
@@ -277,7 +375,9 @@ def _one_line(exc: ValidationError, source_of: dict[str, str]) -> str:
             close = difflib.get_close_matches(name, list(FIELDS), n=1, cutoff=0.6)
             parts.append(f"{where}: unknown setting {name!r}" + (f"; did you mean {close[0]!r}?" if close else "; see README.md, section Configuration."))
             continue
-        value = str(error.get("input"))[:60]
+        # A secret's rejected value is not echoed: it may be the real one, mistyped.
+        secret = (SecretStr in typing.get_args(FIELDS[name].annotation) or name in HIDDEN_VALUES) if name in FIELDS else False
+        value = "***" if secret else str(error.get("input"))[:60]
         parts.append(f"{where}={value!r} is not allowed ({error['msg']}); {name} takes {allowed_values(name)}.")
     return " ".join(parts)
 
@@ -314,7 +414,7 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
             raise ConfigError(f"Config file {file} must hold a JSON object of settings.")
         # Not a setting: what produced the file (tinycontext-eval recommend records its scores there).
         data.pop("provenance", None)
-        for key in ("memory_db_path", "models_dir"):
+        for key in ("memory_db_path", "models_dir", "activity_db"):
             if isinstance(data.get(key), str) and not Path(data[key]).expanduser().is_absolute():
                 data[key] = str((file.parent / data[key]).resolve())
         # A bundle path given relative to the file resolves the same way; tier/registry/hub names stay.

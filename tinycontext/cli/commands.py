@@ -172,8 +172,10 @@ def _serve_stdio(server) -> None:
 @command("mcp", "run the MCP server on stdio (the default when no command is given)")
 def mcp(args):
     from ..memory.engine import close_engines
+    from ..servers import otel
     from ..servers.mcp_server import build_server
 
+    otel.configure()
     server = build_server(config_of(args))
     if sys.stdin.isatty():
         print("TinyContext MCP server on stdio; an MCP client should start it. Ctrl-C to stop; see tinycontext --help.", file=sys.stderr)

@@ -20,6 +20,7 @@ from typing import Literal, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from .. import telemetry
 from ..errors import ModelUnavailableError
 from .checksum import file_sha256
 
@@ -135,6 +136,8 @@ class Embedder:
         if self.pooling not in POOLINGS or (self.pooling == "static") != (bundle.pooling == "static"):
             raise ModelUnavailableError(f"Pooling {self.pooling!r} cannot be used with {bundle.name} (its own is {bundle.pooling!r}).")
         self.dimensions = bundle.dimensions
+        # A bundle known only by its folder's name (a local path) is exported as "custom"; a pinned one by its name.
+        self._label = telemetry.model_label(bundle.name, None if bundle.sha256 else bundle.path.name)
         self._tokenizer, self._pad_id = _load_tokenizer(bundle)
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = cache_size
@@ -202,6 +205,11 @@ class Embedder:
         return self.embed(texts, "document", progress=progress)
 
     def embed(self, texts: Sequence[str], kind: Kind, *, progress: bool = False) -> np.ndarray:
+        with telemetry.operation("embed", backend="onnx", role=kind, model=self._label,
+                                 dimensions=self.dimensions, texts=len(texts)) as op:
+            return self._embed(texts, kind, progress, op)
+
+    def _embed(self, texts: Sequence[str], kind: Kind, progress: bool, op: telemetry.Operation) -> np.ndarray:
         prefix = self.query_prefix if kind == "query" else self.document_prefix
         keyed = [prefix + t for t in texts]
         out = np.empty((len(keyed), self.dimensions), dtype=np.float32)
@@ -214,6 +222,7 @@ class Embedder:
                     out[i] = hit
                 else:
                     missing.setdefault(text, []).append(i)
+        op.set(cached=len(keyed) - sum(map(len, missing.values())))
         if missing:
             unique = list(missing)
             vectors = self._compute(unique, progress=progress)
@@ -231,6 +240,7 @@ class Embedder:
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
         result = np.empty((len(texts), self.dimensions), dtype=np.float32)
         batches = self._batches(order, [len(e.ids) for e in encodings])
+        telemetry.annotate(tokens=sum(len(e.ids) for e in encodings), batches=len(batches))
         bar = tqdm(total=len(texts), desc="embedding", unit="text", disable=not progress or len(batches) < 2, leave=False)
         # A text's vector does not depend on its batch (single-threaded kernels, masked padding), so
         # batches may run in any order and on any thread.

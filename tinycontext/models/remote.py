@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
 
+from .. import telemetry
 from ..errors import ConfigError, MissingExtraError, ModelMismatchError, ModelUnavailableError
 
 if TYPE_CHECKING:
@@ -121,6 +122,11 @@ class RemoteEmbedder:
     def embed(self, texts: Sequence[str], kind: str = "document", *, progress: bool = False) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimensions), np.float32)
+        with telemetry.operation("embed", backend=self.wire, role=kind, model=telemetry.model_label(self.model), texts=len(texts),
+                                 batches=-(-len(texts) // self.batch_size)):
+            return self._embed(texts, kind, progress)
+
+    def _embed(self, texts: Sequence[str], kind: str, progress: bool) -> np.ndarray:
         prefix = self.query_prefix if kind == "query" else self.document_prefix
         params = self.query_params if kind == "query" else self.document_params
         sent = [prefix + t for t in texts]

@@ -20,11 +20,13 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
+from ..activity import open_activity
 from ..config import TinyContextConfig, load_config
 from ..memory.engine import MemoryEngine, get_engine
 from ..errors import InvalidInputError, TinyContextError
 from ..web.clock import current_datetime
-from . import tools, ui
+from . import manage, otel, tools, ui
+from .activity import RestRecorder, http_caller
 from .guard import ServeSettings, protect
 from .health import health_report
 from .mcp_schemas import (
@@ -49,7 +51,7 @@ STATUS = {
     "session_not_found": 404, "memory_not_found": 404, "conflict": 409,
     # The server cannot work until its operator fixes the model, config or disk: not the client's fault.
     "model_unavailable": 503, "model_mismatch": 503, "config_error": 503, "storage_error": 503, "missing_extra": 503,
-    "blocked": 403, "browser_busy": 503, "browser_error": 502,
+    "blocked": 403, "browser_busy": 503, "browser_error": 502, "unauthorized": 401, "forbidden": 403,
 }
 HTTP_CODES = {400: "invalid_input", 403: "forbidden", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
@@ -119,8 +121,13 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     settings = settings or ServeSettings.from_env()
     engines = _Engines(config, engine)
     # Swagger UI and ReDoc from the fastapi-offline package's files: /docs works without a network.
-    app = FastAPIOffline(title="TinyContext", version=__version__, responses=ERRORS,
+    app = FastAPIOffline(title="TinyContext", version=__version__, responses=ERRORS, telemetry=otel.FASTAPI_TELEMETRY_OFF,
                          description="Token-light local memory for AI agents: the MCP tools over REST.")
+    # Inside the guard: only requests it let through are recorded (when activity records are on). A file
+    # that cannot be opened stops a configured app here, as it stops the MCP server.
+    if config is not None:
+        open_activity(config)
+    app.add_middleware(RestRecorder, config=engines.config)
     protect(app, settings, open_paths=ui.OPEN_PATHS)
     ui.add_routes(app, engines)  # the memory browser at /ui
 
@@ -232,7 +239,38 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
         def browser_act(body: ActBody) -> dict:
             return browser("act", body)
 
+    if config is None or config.management:
+        _manage_routes(app, engines)
     return app
+
+
+def _manage_routes(app: FastAPI, engines: _Engines) -> None:
+    """The management views under /manage/ (docs/management.md); 404 while management is off (the config
+    is read at the first request when the app was built without one)."""
+
+    def who(request: Request) -> tuple[TinyContextConfig, Any]:
+        current = engines.config()
+        if not current.management:
+            raise StarletteHTTPException(404, "Management is off (TINYCONTEXT_MANAGEMENT=on turns it on).")
+        return current, http_caller(current, "rest", request.client.host if request.client else None, request.headers)
+
+    @app.get("/manage/manifest", tags=["manage"], summary="The management views and which this caller may read")
+    def manage_manifest(request: Request) -> dict:
+        return manage.manifest(*who(request))
+
+    def reader(path: str):
+        def read(request: Request) -> dict:
+            current, caller = who(request)
+            return manage.read_view(current, caller, path, engines)
+        return read
+
+    for view in manage.VIEWS:
+        app.get(view.rest, tags=["manage"], summary=f"{view.title} ({view.scope} view)",
+                name=f"manage_{view.path}")(reader(view.path))
+
+    @app.post("/manage/my/clear", tags=["manage"], summary="Delete the activity records of your own calls")
+    def manage_clear(request: Request) -> dict:
+        return manage.clear_mine(*who(request))
 
 
 def route_reference(api: FastAPI | None = None) -> str:
@@ -245,6 +283,7 @@ def route_reference(api: FastAPI | None = None) -> str:
     return "\n".join(lines)
 
 
+otel.configure()  # `uvicorn tinycontext.servers.fastapi_server:app` is a standalone server too
 app = create_app()
 
 if __name__ == "__main__":

@@ -92,6 +92,8 @@ class ServeSettings:
     cors_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     token: str | None = field(default=None, repr=False)  # never shown in logs or reprs
+    # The management token (management views) also passes the bearer check where a token is required.
+    management_token: str | None = field(default=None, repr=False)
     max_body_bytes: int = MAX_BODY_BYTES
 
     @classmethod
@@ -142,6 +144,7 @@ class Guard:
         # Paths served without the token (an entry ending in "/" is a prefix); Host and Origin are still checked.
         self.open_paths = open_paths
         self.token = settings.token.encode("utf-8") if settings.token else None
+        self.tokens = [t.encode("utf-8") for t in (settings.token, settings.management_token) if t]
         self.max_body_bytes = settings.max_body_bytes
         self.allowed_hosts = {h.lower() for h in settings.allowed_hosts}
         if settings.host not in ("0.0.0.0", "::", ""):  # the address it listens on is a name clients use
@@ -187,8 +190,9 @@ class Guard:
             return None
         header = (_header(scope, b"authorization") or "").strip()
         scheme, _, supplied = header.partition(" ")
-        # compare_digest: the time taken must not reveal how much of the token matched.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(supplied.strip().encode("utf-8"), self.token):
+        # Every token is compared, each with compare_digest: the time taken must not reveal which matched how far.
+        matches = [hmac.compare_digest(supplied.strip().encode("utf-8"), token) for token in self.tokens]
+        if scheme.lower() != "bearer" or not any(matches):
             return 401, "unauthorized", "Missing or wrong bearer token: send 'Authorization: Bearer <TINYCONTEXT_API_TOKEN>'."
         return None
 

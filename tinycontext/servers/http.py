@@ -8,12 +8,14 @@ import signal
 import threading
 import time
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from typing import Callable, Iterator
 
 from starlette.types import ASGIApp
 
 from ..config import TinyContextConfig
 from ..errors import ConfigError, MissingExtraError, ModelMismatchError
+from . import otel
 from .guard import TRANSPORTS, ServeSettings, is_loopback, protect
 
 __all__ = ["TRANSPORTS", "ServeSettings", "background", "mcp_app", "rest_app", "serve"]
@@ -21,6 +23,17 @@ __all__ = ["TRANSPORTS", "ServeSettings", "background", "mcp_app", "rest_app", "
 # Seconds a stopping server waits for open streams (an MCP client's SSE GET) before cancelling them;
 # under `docker stop`'s 10 s so the engines still close cleanly.
 SHUTDOWN_GRACE_S = 5
+
+
+def with_management(settings: ServeSettings, config: TinyContextConfig) -> ServeSettings:
+    """``settings`` for serving ``config`` over HTTP: refused when management is on without access control
+    (tinycontext.servers.manage.check_serving); the management token also passes the bearer check."""
+    from .manage import check_serving
+
+    check_serving(config)
+    if config.management and config.management_token is not None:
+        return replace(settings, management_token=config.management_token.get_secret_value())
+    return settings
 
 
 def mcp_app(settings: ServeSettings, config: TinyContextConfig | None = None) -> ASGIApp:
@@ -32,6 +45,7 @@ def mcp_app(settings: ServeSettings, config: TinyContextConfig | None = None) ->
     from .mcp_server import build_server, warm_up
 
     config = config or load_config()
+    settings = with_management(settings, config)
     server = build_server(config)
     server.settings.max_request_body_size = settings.max_body_bytes
     add_health_route(server, config)
@@ -59,7 +73,7 @@ def rest_app(settings: ServeSettings, config: TinyContextConfig | None = None) -
     except ImportError as exc:
         raise MissingExtraError(f"The REST API needs FastAPI ({exc.name} is missing): pip install 'tinycontext[server]'.") from exc
 
-    return create_app(config, settings=settings)
+    return create_app(config, settings=settings if config is None else with_management(settings, config))
 
 
 @contextmanager
@@ -108,6 +122,8 @@ def serve(settings: ServeSettings, config: TinyContextConfig | None = None, *, r
     if settings.transport == "stdio" and not rest:
         raise ConfigError("The stdio transport is not a network server: run `tinycontext mcp`.")
     config = config or load_config()
+    settings = with_management(settings, config)  # before the engine opens: a refusal costs nothing
+    otel.configure()
     try:
         engine = get_engine(config)
         try:

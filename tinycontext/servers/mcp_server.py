@@ -14,6 +14,7 @@ schema, even on errors.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
@@ -27,12 +28,14 @@ from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 from pydantic import BaseModel, ValidationError
 
 from ..budget.render import Page, memory_block, plural, to_json
+from ..activity import ActivityLog, open_activity
 from ..config import TinyContextConfig, load_config
 from ..errors import InvalidInputError, TinyContextError
 from ..memory import keyword_mode as keyword
 from ..memory.engine import MemoryEngine, get_engine
 from ..web.clock import current_datetime, render_datetime
-from . import tools
+from . import manage, tools
+from .activity import Caller, caller_of_request, error_code, record
 from .mcp_schemas import output_schemas
 from .tool_results import error_result
 from .web import engine_embedder, split_answer
@@ -119,10 +122,21 @@ class TinyContextMCP(FastMCP):
     shows, their request models check the arguments, and every failure is a result that starts with an
     error code. Tools registered the FastMCP way (``@server.tool``) still work beside them."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, engine_config: TinyContextConfig | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.specs: dict[str, tuple[tools.ToolSpec, Handler]] = {}
         self.output_schemas: dict[str, dict] = {}
+        self.engine_config = engine_config or TinyContextConfig()
+        # Set when activity records are on: every listed tool's call is recorded here, in call_tool.
+        self.activity: ActivityLog | None = None
+
+    def caller(self) -> Caller:
+        """Who sent the request being handled: the operator on stdio, else from the HTTP request."""
+        try:
+            request = self._mcp_server.request_context.request
+        except LookupError:
+            request = None
+        return caller_of_request(self.engine_config, request)
 
     def offer(self, spec: tools.ToolSpec, handler: Handler) -> None:
         self.specs[spec.name] = (spec, handler)
@@ -137,6 +151,16 @@ class TinyContextMCP(FastMCP):
         return listed + await super().list_tools()
 
     async def call_tool(self, name: str, arguments: dict[str, Any]):
+        if self.activity is None or name not in self.specs:
+            return await self._call_tool(name, arguments)
+        started = time.perf_counter()
+        result = await self._call_tool(name, arguments)
+        shown = "\n".join(c.text for c in result.content if isinstance(c, TextContent))
+        await record(self.activity, self.caller(), name, outcome=error_code(shown) if result.isError else "ok",
+                     started=started, request=arguments, answer=result.structuredContent, shown=shown)
+        return result
+
+    async def _call_tool(self, name: str, arguments: dict[str, Any]):
         if name in self.specs:
             spec, handler = self.specs[name]
             try:
@@ -186,7 +210,8 @@ def build_server(config: TinyContextConfig | None = None) -> TinyContextMCP:
             yield None
 
     server = TinyContextMCP("tinycontext", instructions=instructions(set(offered)) + keyword.instructions_note(config),
-                            log_level="WARNING", lifespan=lifespan)
+                            log_level="WARNING", lifespan=lifespan, engine_config=config)
+    server.activity = open_activity(config)
 
     async def run(work: Callable[[MemoryEngine], Any]) -> Any:
         # Engine calls block (ONNX, SQLite): run them on a worker thread, off the event loop.
@@ -278,6 +303,16 @@ def build_server(config: TinyContextConfig | None = None) -> TinyContextMCP:
                      description="Database statistics: memories, tokens, vectors, sessions, schema, embedder, search mode.")
     async def stats_resource() -> str:
         return to_json(await run(lambda engine: {**engine.stats(), "search_mode": engine.search_mode}))
+
+    if config.management:
+        manage.register_mcp(server, config, lambda: get_engine(config), server.caller)
+        if manage.clear_offered(config):
+            async def clear(_r) -> CallToolResult:
+                caller = server.caller()
+                result = await anyio.to_thread.run_sync(lambda: manage.clear_mine(config, caller))
+                return text_result(f"Deleted {plural(result['deleted'], 'activity record')}.", result)
+
+            server.offer(manage.CLEAR_TOOL, clear)
 
     server.output_schemas = output_schemas()
     return server

@@ -18,6 +18,7 @@ import httpx
 
 from ..config import TinyContextConfig
 from .guard import BlockedURLError, Guard, GuardedTransport
+from .proxies import proxies_for
 
 # Types we can turn into text; everything else is ``unsupported_type`` before its body is read.
 HTML_TYPES = ("text/html", "application/xhtml+xml")
@@ -99,11 +100,18 @@ class _Inflater:
 class HttpFetcher:
     """httpx behind the guard: per-hop checks and pinned addresses, bounded time, size and redirects."""
 
+    name = "http"
+
     def __init__(self, config: TinyContextConfig | None = None, *, guard: Guard | None = None,
                  transport: httpx.AsyncBaseTransport | None = None):
         self.config = config or TinyContextConfig()
         self.guard = guard or Guard(allow_private_hosts=self.config.allow_private_hosts)
         timeout = self.config.web_fetch_timeout
+        upstreams = proxies_for(self.config)
+        if transport is None and upstreams:
+            from .browser.proxy import ProxiedTransport  # the loopback guard proxy, chained to the upstreams
+
+            transport = ProxiedTransport(self.guard, upstreams)
         self.client = httpx.AsyncClient(
             transport=transport or GuardedTransport(self.guard),
             follow_redirects=True,

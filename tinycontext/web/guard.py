@@ -299,3 +299,22 @@ class GuardedTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def rules(*, allow_private_hosts: bool = False) -> dict:
+    """The policy :func:`decide` applies, as data (the management views show it): the schemes fetched,
+    the address classes refused, and the special-purpose networks judged not globally reachable."""
+    return {
+        "schemes": list(ALLOWED_SCHEMES),
+        "allow_private_hosts": allow_private_hosts,
+        "refused": [] if allow_private_hosts else ["loopback", "private", "link_local", "multicast", "reserved",
+                                                   "unspecified", "not_global"],
+        "always_refused": ["invalid_url", "scheme_not_allowed", "unresolvable"],
+        "every_address_checked": "a name is fetched only when every address it resolves to is public; the "
+                                 "connection goes to a checked address (no second lookup)",
+        "localhost": "localhost and *.localhost are loopback, never looked up",
+        "ipv6_wrapping": "IPv4-mapped, IPv4-compatible, NAT64, 6to4 and Teredo addresses are judged by the IPv4 "
+                         "address they carry",
+        "not_global_networks": [str(net) for net in _NOT_GLOBAL],
+        "global_exceptions": [str(net) for net in _GLOBAL],
+    }

@@ -11,11 +11,13 @@ offsets into the extracted Markdown. Every item gets an outcome; one bad URL nev
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
+from .. import telemetry
 from ..budget.tokens import TokenCounter
 from ..config import TinyContextConfig
 from ..models.backends import open_embedder
@@ -96,8 +98,9 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
              counter: TokenCounter, deadline: float = float("inf")) -> PageResult:
     if fetched.outcome != "ok":
         return PageResult(item, fetched, fetched.outcome)
-    page: ExtractedPage = extract_page(fetched, pdf_max_pages=config.scrape_pdf_max_pages,
-                                       max_chars=config.scrape_max_chars)
+    with telemetry.operation("scrape.extract", bytes=len(fetched.body)):
+        page: ExtractedPage = extract_page(fetched, pdf_max_pages=config.scrape_pdf_max_pages,
+                                           max_chars=config.scrape_max_chars)
     _in_time(deadline)
     markdown = page.markdown
     note = f"the page was read up to {config.scrape_max_chars} characters of text (scrape_max_chars)" if page.cut else ""
@@ -105,24 +108,31 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
     if not markdown.strip():
         result.outcome = "empty"
         return result
-    result.chunks = chunk_markdown(markdown, counter, max_tokens=config.scrape_chunk_tokens,
-                                   passage_tokens=config.scrape_passage_tokens)
-    if len(result.chunks) > config.scrape_max_chunks:
-        result.chunks = result.chunks[:config.scrape_max_chunks]
-        result.note = f"the page was read up to its first {config.scrape_max_chunks} units (scrape_max_chunks)"
-    result.markdown_tokens = counter.count(markdown)
+    with telemetry.operation("scrape.chunk") as op:
+        result.chunks = chunk_markdown(markdown, counter, max_tokens=config.scrape_chunk_tokens,
+                                       passage_tokens=config.scrape_passage_tokens)
+        if len(result.chunks) > config.scrape_max_chunks:
+            result.chunks = result.chunks[:config.scrape_max_chunks]
+            result.note = f"the page was read up to its first {config.scrape_max_chunks} units (scrape_max_chunks)"
+        result.markdown_tokens = counter.count(markdown)
+        op.set(chunks=len(result.chunks), tokens=result.markdown_tokens)
     result.links = page.links
     _in_time(deadline)
     if item.ranked:
-        order = rank_chunks(item.query, result.chunks, embedder, config)
-        result.chunks = [result.chunks[i] for i, _ in order]
-        # Related links share a word with the query (navigation and sidebars do not, and would eat the
-        # budget); those are ranked like passages.
-        texts = [f"{l.text} {l.url}" for l in page.links]
-        related = [i for i, _ in bm25_ranking(item.query, texts)]
-        link_order = rank_passages(item.query, [texts[i] for i in related], embedder, config) if related else []
-        result.links = [page.links[related[j]] for j, _ in link_order]
+        with telemetry.operation("scrape.rank", mode="keyword" if embedder is None else "hybrid", chunks=len(result.chunks)):
+            _rank(item, result, page, embedder, config)
     return result
+
+
+def _rank(item: ScrapeItem, result: PageResult, page: ExtractedPage, embedder, config: TinyContextConfig) -> None:
+    order = rank_chunks(item.query, result.chunks, embedder, config)
+    result.chunks = [result.chunks[i] for i, _ in order]
+    # Related links share a word with the query (navigation and sidebars do not, and would eat the
+    # budget); those are ranked like passages.
+    texts = [f"{l.text} {l.url}" for l in page.links]
+    related = [i for i, _ in bm25_ranking(item.query, texts)]
+    link_order = rank_passages(item.query, [texts[i] for i in related], embedder, config) if related else []
+    result.links = [page.links[related[j]] for j, _ in link_order]
 
 
 async def afetch_and_rank(items: Sequence[ScrapeItem], *, config: TinyContextConfig, fetcher: Fetcher | None = None,
@@ -147,9 +157,13 @@ async def afetch_and_rank(items: Sequence[ScrapeItem], *, config: TinyContextCon
         fetched: FetchResult | None = None
         try:
             async with asyncio.timeout(config.web_item_timeout):
-                fetched = await fetcher.fetch(item.url)
+                with telemetry.operation("scrape.fetch", backend=getattr(fetcher, "name", "custom")) as op:
+                    fetched = await fetcher.fetch(item.url)
+                    op.set(outcome=fetched.outcome, status=fetched.status, bytes=len(fetched.body))
                 ranker = await model_for_ranking() if item.ranked and fetched.outcome == "ok" else None
-                return await loop.run_in_executor(_EXECUTOR, _process, item, fetched, ranker, config, counter, deadline)
+                # The page's stages run on a worker thread, in this item's context (their spans join the scrape's).
+                return await loop.run_in_executor(_EXECUTOR, contextvars.copy_context().run, _process, item, fetched, ranker,
+                                                  config, counter, deadline)
         except TimeoutError:
             late = FetchResult(url=item.url, final_url=fetched.final_url if fetched else item.url, outcome="timeout",
                                status=fetched.status if fetched else None,
@@ -184,20 +198,22 @@ async def ascrape_urls(items: Any, max_tokens: int | None = None, *, order: str 
     backend = backend or config.scrape_backend
     if backend not in BACKENDS:
         raise InvalidInputError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}.")
-    own = fetcher is None and backend != "http"
-    if own:
-        from .browser.fetcher import fetcher_for  # Playwright is an optional extra
-
-        fetcher = fetcher_for(backend, config)
-    try:
-        pages = await afetch_and_rank(parsed, config=config, fetcher=fetcher, embedder=embedder)
-    finally:
+    with telemetry.operation("scrape", backend=backend, items=len(parsed)) as op:
+        own = fetcher is None and backend != "http"
         if own:
-            await fetcher.aclose()
-    counter = TokenCounter(config.encoding_name)
-    fitted = await asyncio.to_thread(scrape_page, pages, max_tokens=budget, counter=counter,
-                                     links_max_tokens=config.scrape_links_max_tokens, order=order)
-    return {**fitted.structured, "text": fitted.text}
+            from .browser.fetcher import fetcher_for  # Playwright is an optional extra
+
+            fetcher = fetcher_for(backend, config)
+        try:
+            pages = await afetch_and_rank(parsed, config=config, fetcher=fetcher, embedder=embedder)
+        finally:
+            if own:
+                await fetcher.aclose()
+        counter = TokenCounter(config.encoding_name)
+        fitted = await asyncio.to_thread(scrape_page, pages, max_tokens=budget, counter=counter,
+                                         links_max_tokens=config.scrape_links_max_tokens, order=order)
+        op.set(pages=sum(p.outcome == "ok" for p in pages), tokens=fitted.tokens, max_tokens=budget, truncated=fitted.truncated)
+        return {**fitted.structured, "text": fitted.text}
 
 
 def scrape_urls(items: Any, max_tokens: int | None = None, *, order: str = "page", config: TinyContextConfig | None = None,

@@ -17,10 +17,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from .. import telemetry
 from ..budget.tokens import TokenCounter
 from ..config import TinyContextConfig
 from ..errors import InvalidInputError, RecallBudgetError
 from ..budget.render import Page, check_agent_budget, fit_page, one_line
+from .proxies import proxies_for
 
 MAX_ITEMS = 5
 MAX_QUERY_CHARS = 500
@@ -129,7 +131,10 @@ def ddgs_search(item: SearchItem, config: TinyContextConfig) -> list[dict]:
     from ddgs.exceptions import DDGSException, RatelimitException, TimeoutException
 
     try:
-        raw = DDGS(timeout=int(max(1, config.search_timeout))).text(backend_query(item), max_results=config.search_max_results)
+        # ddgs picks its engines itself, so proxy_bypass (per target) does not apply to it.
+        upstream = proxies_for(config).next()
+        raw = DDGS(proxy=upstream.url_with_credentials() if upstream else None,
+                   timeout=int(max(1, config.search_timeout))).text(backend_query(item), max_results=config.search_max_results)
     except RatelimitException as exc:
         raise BackendFailure("blocked", f"ddgs: rate limited ({exc})") from exc
     except TimeoutException as exc:
@@ -148,8 +153,10 @@ def searxng_search(item: SearchItem, config: TinyContextConfig) -> list[dict]:
     if not config.searxng_url:
         raise BackendFailure("unavailable", "searxng: searxng_url is not configured")
     url = config.searxng_url.rstrip("/") + "/search"
+    upstream = proxies_for(config).for_host(urlsplit(url).hostname or "")
     try:
-        with httpx.Client(timeout=config.search_timeout, trust_env=False, follow_redirects=False) as client:
+        with httpx.Client(timeout=config.search_timeout, trust_env=False, follow_redirects=False,
+                          proxy=upstream.httpx_proxy() if upstream else None) as client:
             response = client.get(url, params={"q": backend_query(item), "format": "json"},
                                   headers={"Accept": "application/json", "User-Agent": config.web_user_agent})
     except httpx.HTTPError as exc:
@@ -179,15 +186,18 @@ def _search_one(item: SearchItem, config: TinyContextConfig) -> SearchOutcome:
     order = {"ddgs": ["ddgs"], "searxng": ["searxng"], "auto": ["searxng", "ddgs"]}[config.search_backend]
     failure: BackendFailure | None = None
     for name in order:
-        try:
-            found = BACKENDS[name](item, config)
-        except BackendFailure as exc:
-            failure = exc
-            continue
-        results = [r for r in found if in_domains(r["url"], item.domains)]
-        seen: set[str] = set()
-        results = [r for r in results if not (r["url"] in seen or seen.add(r["url"]))]
-        return SearchOutcome(item, "ok" if results else "no_results", name, results)
+        with telemetry.operation("search.backend", backend=name) as op:
+            try:
+                found = BACKENDS[name](item, config)
+            except BackendFailure as exc:
+                failure = exc
+                op.outcome(exc.outcome)
+                continue
+            results = [r for r in found if in_domains(r["url"], item.domains)]
+            seen: set[str] = set()
+            results = [r for r in results if not (r["url"] in seen or seen.add(r["url"]))]
+            op.set(outcome="ok" if results else "no_results", results=len(results))
+            return SearchOutcome(item, "ok" if results else "no_results", name, results)
     return SearchOutcome(item, failure.outcome, order[-1], detail=failure.detail)
 
 
@@ -242,14 +252,17 @@ async def asearch(items: Any, max_tokens: int | None = None, *, config: TinyCont
     """Search 1-5 ``{query, domains?}`` items concurrently; the answer (``searches`` per item with
     ``outcome`` and ``results``, plus its rendering under ``text``) fits ``max_tokens``."""
     config = config or TinyContextConfig()
-    parsed = check_items(items)
-    budget = check_agent_budget(SEARCH_MAX_TOKENS if max_tokens is None else max_tokens)
-    outcomes = list(await asyncio.gather(*(asyncio.to_thread(_search_one, item, config) for item in parsed)))
-    fitted = search_page(outcomes, max_tokens=budget, counter=TokenCounter(config.encoding_name))
-    if fitted.tokens > budget:
-        raise RecallBudgetError(f"max_tokens={budget} cannot hold even the outcomes of {len(parsed)} searches "
-                                f"({fitted.tokens} tokens): raise it or send fewer items.")
-    return {**fitted.structured, "text": fitted.text}
+    with telemetry.operation("search", backend=config.search_backend) as op:
+        parsed = check_items(items)
+        budget = check_agent_budget(SEARCH_MAX_TOKENS if max_tokens is None else max_tokens)
+        op.set(items=len(parsed), max_tokens=budget)
+        outcomes = list(await asyncio.gather(*(asyncio.to_thread(_search_one, item, config) for item in parsed)))
+        fitted = search_page(outcomes, max_tokens=budget, counter=TokenCounter(config.encoding_name))
+        if fitted.tokens > budget:
+            raise RecallBudgetError(f"max_tokens={budget} cannot hold even the outcomes of {len(parsed)} searches "
+                                    f"({fitted.tokens} tokens): raise it or send fewer items.")
+        op.set(results=len(fitted.chosen), tokens=fitted.tokens, truncated=fitted.truncated)
+        return {**fitted.structured, "text": fitted.text}
 
 
 def search(items: Any, max_tokens: int | None = None, *, config: TinyContextConfig | None = None) -> dict:

@@ -103,10 +103,22 @@ function score(value) {
   return value === null || value === undefined ? "–" : Number(value).toFixed(4);
 }
 
+// Marks a memory that a newer fact superseded (valid_until set); null for a current one.
+function supersededBadge(memory) {
+  if (!memory.valid_until && !memory.superseded_by) return null;
+  const what = [memory.valid_until ? "valid until " + when(memory.valid_until) : null,
+                memory.superseded_by ? "superseded by memory " + memory.superseded_by : null].filter(Boolean).join("; ");
+  return el("span", "superseded", { class: "badge", title: what, "aria-label": "superseded: " + what });
+}
+
+// A memory's text as a link to its page, with its superseded badge.
 function memoryLink(memory) {
-  const link = el("a", memory.content.length > 160 ? memory.content.slice(0, 157) + "…" : memory.content,
-                  { href: "#memory/" + memory.id });
-  return link;
+  const cell = el("span");
+  cell.appendChild(el("a", memory.content.length > 160 ? memory.content.slice(0, 157) + "…" : memory.content,
+                      { href: "#memory/" + memory.id }));
+  const badge = supersededBadge(memory);
+  if (badge) cell.appendChild(badge);
+  return cell;
 }
 
 // -- sessions ------------------------------------------------------------------------------------
@@ -237,12 +249,19 @@ async function bulkDelete() {
 async function showMemory(id) {
   const memory = await getJSON("/memory/" + encodeURIComponent(id));
   state.memory = memory;
-  $("#memory-title").textContent = `Memory ${memory.id}`;
   const facts = [["Session", memory.session_id], ["Version", memory.version], ["Tokens", memory.tokens],
                  ["Saved", when(memory.created_at)], ["Changed", memory.version > 1 ? when(memory.updated_at) : null], ["Speaker", memory.speaker],
-                 ["Occurred", memory.occurred_at], ["Episode", memory.episode]];
-  $("#memory-facts").replaceChildren(...facts.filter(([, v]) => v !== null && v !== undefined && v !== "")
-    .flatMap(([k, v]) => [el("dt", k), el("dd", v)]));
+                 ["Occurred", memory.occurred_at], ["Episode", memory.episode],
+                 ["Valid from", when(memory.valid_from)], ["Valid until", when(memory.valid_until)],
+                 ["Superseded by", memory.superseded_by ? el("a", "memory " + memory.superseded_by, { href: "#memory/" + memory.superseded_by }) : null]];
+  $("#memory-facts").replaceChildren(...facts.filter(([, v]) => v !== null && v !== undefined && v !== "").flatMap(([k, v]) => {
+    const dd = el("dd");
+    if (v instanceof Node) dd.appendChild(v);
+    else dd.textContent = String(v);
+    return [el("dt", k), dd];
+  }));
+  const badge = supersededBadge(memory);
+  $("#memory-title").replaceChildren(`Memory ${memory.id}`, ...(badge ? [badge] : []));
   $("#edit-content").value = memory.content;
   $("#edit-tags").value = (memory.tags || []).join(", ");
   $("#edit-metadata").value = JSON.stringify(memory.metadata || {}, null, 1);
@@ -277,15 +296,16 @@ async function deleteMemory() {
 async function route() {
   const [view, id] = (location.hash.slice(1) || "sessions").split("/");
   const name = ["sessions", "search", "browse", "memory"].includes(view) ? view : "sessions";
+  // Load first, show after: a form is never visible (and editable) before its data has arrived.
+  if (!state.loaded || name === "sessions") await loadOverview();  // the summary and the session lists
+  if (name === "memory") await showMemory(id);
+  else if (name === "browse") await runList(0);
   for (const section of document.querySelectorAll("[data-view-section]")) section.hidden = section.id !== "view-" + name;
   for (const link of document.querySelectorAll("nav a")) {
     if (link.dataset.view === name) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }
-  if (!state.loaded || name === "sessions") await loadOverview();  // the summary and the session lists
-  if (name === "memory") await showMemory(id);
-  else if (name === "browse") await runList(0);
-  else if (name === "search") $("#q").focus();
+  if (name === "search") $("#q").focus();
 }
 
 document.addEventListener("DOMContentLoaded", () => {

@@ -23,6 +23,8 @@ AUTO_MIN_CHARS = 200
 class BrowserFetcher:
     """Each URL in its own throw-away browser session, behind the same SSRF guard as the HTTP fetcher."""
 
+    name = "browser"
+
     def __init__(self, config: TinyContextConfig, *, service: BrowserService | None = None):
         self.config = config
         self.service = service or get_service(config)
@@ -57,6 +59,8 @@ class BrowserFetcher:
 
 class AutoFetcher:
     """HTTP first; the browser only for an HTML page whose static text has (almost) no main content."""
+
+    name = "auto"
 
     def __init__(self, config: TinyContextConfig, *, http: Fetcher | None = None, browser: Fetcher | None = None):
         self.config = config

@@ -25,12 +25,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ... import telemetry
 from ...budget.tokens import TokenCounter
 from ...config import TinyContextConfig
 from ...errors import InvalidInputError, TinyContextError
 from ...budget.render import MIN_AGENT_TOKENS, to_json
 from ..guard import BlockedURLError, Decision, Guard
 from . import launch
+from ..proxies import proxies_for
 from .proxy import BLOCK_HEADER, GuardProxy, RefuseAll
 from .snapshot import REF_RE, Node, assign_refs, build_tree, fit_lines, render, walk
 
@@ -133,10 +135,12 @@ class BrowserService:
 
     def call(self, method: str, key: str, **kwargs) -> dict:
         """Run ``method`` (navigate, act, close_session) for client ``key`` and wait for it (any thread)."""
-        return self._submit(getattr(self, method)(key, **kwargs)).result()
+        with _operation(method, kwargs) as op:
+            return _viewed(op, self._submit(getattr(self, method)(key, **kwargs)).result())
 
     async def acall(self, method: str, key: str, **kwargs) -> dict:
-        return await asyncio.wrap_future(self._submit(getattr(self, method)(key, **kwargs)))
+        with _operation(method, kwargs) as op:
+            return _viewed(op, await asyncio.wrap_future(self._submit(getattr(self, method)(key, **kwargs))))
 
     def close_later(self, key: str) -> None:
         """Close ``key``'s session soon, without waiting (safe from finalizers on any thread)."""
@@ -255,7 +259,8 @@ class BrowserService:
 
     async def _open(self, session: Session) -> None:
         browser = await self._ensure_browser()
-        session.proxy = GuardProxy(self.guard, lambda decision: self._blocked(session, decision))
+        # One upstream proxy (proxy_server) per session, taken in turn; proxy_bypass still decides per request.
+        session.proxy = GuardProxy(self.guard, lambda decision: self._blocked(session, decision), proxies_for(self.config).sticky())
         await session.proxy.start()
         try:
             # Service workers would fetch outside page routing; downloads and permissions stay off.
@@ -712,6 +717,19 @@ def _block_hint(session: Session) -> str:
 
 _services: dict[TinyContextConfig, BrowserService] = {}
 _services_lock = threading.Lock()
+
+
+def _operation(method: str, kwargs: dict):
+    """The span of one browser call: the method and, for act, the action when it is one of ACTIONS (never a
+    URL, ref, text or the caller's key)."""
+    action = kwargs.get("action") if method == "act" else method
+    return telemetry.operation("browser", action=action if action in (*ACTIONS, "navigate", "render_html", "close_session") else "other")
+
+
+def _viewed(op: telemetry.Operation, answer: dict) -> dict:
+    if isinstance(answer, dict) and isinstance(answer.get("tokens"), int):
+        op.set(tokens=answer["tokens"])
+    return answer
 
 
 def get_service(config: TinyContextConfig) -> BrowserService:
