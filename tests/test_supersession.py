@@ -109,7 +109,7 @@ def test_export_import_keeps_validity_and_relinks_renumbered_ids(tmp_path):
             assert report.renumbered == {old: 3, new: 4}
             assert target.get(3)["superseded_by"] == 4 and target.get(3)["valid_until"] == source.get(old)["valid_until"]
             assert target.get(4)["valid_from"] == source.get(new)["valid_from"]
-            assert [m["id"] for m in target.recall("Kubernetes version of staging")["memories"]] == [4]
+            assert [m["id"] for m in target.recall("Kubernetes version of staging", session_id="default")["memories"]] == [4]
 
 
 def _cli(*args, env):

@@ -13,7 +13,8 @@ from __future__ import annotations
 import regex
 
 # Numbers (1.29, 90, 02:00, 3,5) and capitalised words after the first, which in a one-fact memory are names.
-_NUMBER = regex.compile(r"\d+(?:[.,:]\d+)*")
+# A number stands alone: the digits of an identifier ("n1", "v2beta") are part of a word, not a value.
+_NUMBER = regex.compile(r"(?<![\p{L}\d])\d+(?:[.,:]\d+)*(?![\p{L}\d])")
 _WORD = regex.compile(r"[\p{L}\p{N}]+(?:['’][\p{L}]+)?")
 SAME_WORDS = 0.6  # Jaccard overlap of the words that are not values
 
