@@ -9,12 +9,14 @@ the search itself; and it reads what the re-rankers need about candidates: their
 
 from __future__ import annotations
 
+import contextvars
 import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import numpy as np
 
+from .. import telemetry
 from ..config import TinyContextConfig
 from ..models.backends import EmbedderProtocol
 from ..retrieval import conversation, language
@@ -53,9 +55,21 @@ class CandidateSearch:
         """Both candidate lists, ``depth`` deep (a list not wanted is None)."""
         # The dense search (query embedding, then the vector scan) runs on a worker thread while FTS5 runs
         # here: ONNX, numpy and SQLite release the GIL, so on two cores the steps overlap instead of adding up.
-        pending = _QUERY_POOL.submit(self.dense, query, session, tag_list, depth, filters) if dense else None
-        bm25 = tuple(self.bm25(query, session, tag_list, depth, filters)) if keyword else None
+        # (In this call's context, so that the dense stage's span is a child of the recall's.)
+        pending = _QUERY_POOL.submit(contextvars.copy_context().run, self._dense_stage, query, session, tag_list, depth,
+                                     filters) if dense else None
+        bm25 = None
+        if keyword:
+            with telemetry.operation("recall.bm25") as op:
+                bm25 = tuple(self.bm25(query, session, tag_list, depth, filters))
+                op.set(candidates=len(bm25))
         return Signals(query, session, tuple(tag_list), filters, depth, bm25, tuple(pending.result()) if pending else None)
+
+    def _dense_stage(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters) -> list[tuple[int, float]]:
+        with telemetry.operation("recall.dense") as op:
+            hits = self.dense(query, session, tags, depth, filters)
+            op.set(candidates=len(hits))
+            return hits
 
     def bm25(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None) -> list[tuple[int, float]]:
         span = None

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Sequence
 
+from .. import telemetry
 from ..budget.render import Page, check_agent_budget, check_detail, recall_page
 from ..budget.tokens import fit_budget
 from ..errors import InvalidInputError, RecallBudgetError, SessionNotFoundError
@@ -150,13 +151,17 @@ def order(engine, plan: Plan, found: Signals) -> tuple[list[Candidate], int, int
     superseded facts :func:`current_facts` left out."""
     bm25_hits = list(found.bm25) if plan.keyword else []
     dense_hits = list(found.dense) if plan.dense else []
-    ranked = fuse(bm25_hits, dense_hits, dense_weight=plan.dense_weight, k=plan.rrf_k)
-    # The relevance floor: its own step, so re-rankers before or after it compose.
-    ranked, below_floor = relevance_floor(ranked, plan.min_dense)
+    with telemetry.operation("recall.fuse") as op:
+        ranked = fuse(bm25_hits, dense_hits, dense_weight=plan.dense_weight, k=plan.rrf_k)
+        # The relevance floor: its own step, so re-rankers before or after it compose.
+        ranked, below_floor = relevance_floor(ranked, plan.min_dense)
+        op.set(candidates=len(ranked), below_floor=below_floor)
     if ranked and (plan.fusion == "learned" or plan.episode_weight or plan.neighbour_weight or plan.speaker_boost):
-        ranked = rerank_conversation(engine, plan, ranked, dense_hits)
+        with telemetry.operation("recall.rerank", mode=plan.fusion):
+            ranked = rerank_conversation(engine, plan, ranked, dense_hits)
     if ranked and plan.windows:
-        ranked = when.boost(ranked, engine.candidate_search.times([c.id for c in ranked]), plan.windows, plan.time_boost)
+        with telemetry.operation("recall.time_boost"):
+            ranked = when.boost(ranked, engine.candidate_search.times([c.id for c in ranked]), plan.windows, plan.time_boost)
     ranked, superseded = current_facts(engine, plan, ranked)
     return ranked, below_floor, superseded
 
@@ -252,55 +257,68 @@ def rank(engine, query: str, *, signals: Signals | None = None, **settings) -> R
     plan = analyse(engine, query, **settings)
     ranked, below_floor, superseded = order(engine, plan, search(engine, plan, plan.depth, signals))
     ranked, below_cliff = cut(plan, deepen(engine, plan, ranked))
-    return Ranked(plan, window(engine, plan, ranked), len(ranked), below_floor, below_cliff, superseded)
+    with telemetry.operation("recall.window") as op:
+        memories = window(engine, plan, ranked)
+        op.set(results=len(memories))
+    return Ranked(plan, memories, len(ranked), below_floor, below_cliff, superseded)
 
 
 # -- 6. the budget -------------------------------------------------------------------------------
 
 def recall(engine, query: str, *, max_tokens: int | None = None, ranking: int = 0, **settings) -> dict:
     """The library answer: full memory dicts whose content fits ``max_tokens``; see :meth:`MemoryEngine.recall`."""
-    started = time.perf_counter()
-    max_tokens = engine.config.recall_max_tokens if max_tokens is None else max_tokens
-    check_int(max_tokens, "max_tokens", 1, 1_000_000, RecallBudgetError)
-    check_int(ranking, "ranking", 0, 10_000)
-    ranked = rank(engine, query, **settings)
-    window, top_k, offset = ranked.window, ranked.plan.top_k, ranked.plan.offset
-    chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, top_k)
-    memories = [window[p] for p in chosen]
-    omitted = [{"id": window[p]["id"], "rank": window[p]["rank"], "tokens": window[p]["tokens"]} for p in skipped]
-    return {
-        "query": ranked.plan.query,
-        "session_id": ranked.plan.session,
-        "memories": memories,
-        "total_tokens": sum(m["tokens"] for m in memories),
-        "max_tokens": max_tokens,
-        # The budget (not top_k) left something out: skipped inside the page, or the page ended early.
-        "truncated": bool(omitted) or (stop is not None and len(chosen) < top_k),
-        "omitted": omitted,
-        "next_offset": None if stop is None else offset + stop,
-        "candidates": ranked.candidates,
-        # Candidates the relevance floor (recall_min_dense) left out: no lexical match, weak dense similarity.
-        "below_floor": ranked.below_floor,
-        # Candidates after the score cliff (recall_score_cliff): clearly weaker than what was returned.
-        "below_cliff": ranked.below_cliff,
-        # Superseded facts left out (include_superseded shows them, marked); only when there were some.
-        **({"superseded": ranked.superseded} if ranked.superseded else {}),
-        "mode": engine.search_mode,
-        "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
-        **({"ranking": [{"id": m["id"], "rank": m["rank"], "scores": m["scores"]} for m in window[:ranking]]} if ranking else {}),
-    }
+    with telemetry.operation("recall") as op:
+        started = time.perf_counter()
+        max_tokens = engine.config.recall_max_tokens if max_tokens is None else max_tokens
+        check_int(max_tokens, "max_tokens", 1, 1_000_000, RecallBudgetError)
+        check_int(ranking, "ranking", 0, 10_000)
+        ranked = rank(engine, query, **settings)
+        window, top_k, offset = ranked.window, ranked.plan.top_k, ranked.plan.offset
+        chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, top_k)
+        memories = [window[p] for p in chosen]
+        omitted = [{"id": window[p]["id"], "rank": window[p]["rank"], "tokens": window[p]["tokens"]} for p in skipped]
+        truncated = bool(omitted) or (stop is not None and len(chosen) < top_k)
+        op.set(mode=engine.search_mode, results=len(memories), tokens=sum(m["tokens"] for m in memories), max_tokens=max_tokens,
+               candidates=ranked.candidates, below_floor=ranked.below_floor, below_cliff=ranked.below_cliff, truncated=truncated)
+        return {
+            "query": ranked.plan.query,
+            "session_id": ranked.plan.session,
+            "memories": memories,
+            "total_tokens": sum(m["tokens"] for m in memories),
+            "max_tokens": max_tokens,
+            # The budget (not top_k) left something out: skipped inside the page, or the page ended early.
+            "truncated": truncated,
+            "omitted": omitted,
+            "next_offset": None if stop is None else offset + stop,
+            "candidates": ranked.candidates,
+            # Candidates the relevance floor (recall_min_dense) left out: no lexical match, weak dense similarity.
+            "below_floor": ranked.below_floor,
+            # Candidates after the score cliff (recall_score_cliff): clearly weaker than what was returned.
+            "below_cliff": ranked.below_cliff,
+            # Superseded facts left out (include_superseded shows them, marked); only when there were some.
+            **({"superseded": ranked.superseded} if ranked.superseded else {}),
+            "mode": engine.search_mode,
+            "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
+            **({"ranking": [{"id": m["id"], "rank": m["rank"], "scores": m["scores"]} for m in window[:ranking]]} if ranking else {}),
+        }
 
 
 def recall_rendered(engine, query: str, *, max_tokens: int | None = None, detail: str = "compact",
                     **settings) -> Page:
     """Recall as an agent receives it, text and structured content within ``max_tokens``; see
     :meth:`MemoryEngine.recall_rendered`."""
-    detail = check_detail(detail)
-    max_tokens = check_agent_budget(engine.config.recall_max_tokens if max_tokens is None else max_tokens)
-    ranked = rank(engine, query, **settings)
-    return recall_page(ranked.window, max_tokens=max_tokens, counter=engine.tokens, limit=ranked.plan.top_k,
-                       offset=ranked.plan.offset, detail=detail, session_id=ranked.plan.session,
-                       extra={**({"below_floor": ranked.below_floor} if ranked.below_floor else {}),
-                              **({"below_cliff": ranked.below_cliff} if ranked.below_cliff else {}),
-                              **({"superseded": ranked.superseded} if ranked.superseded else {}),
-                              **({"mode": "keyword"} if engine.embedder is None else {})} or None)
+    with telemetry.operation("recall") as op:
+        detail = check_detail(detail)
+        max_tokens = check_agent_budget(engine.config.recall_max_tokens if max_tokens is None else max_tokens)
+        ranked = rank(engine, query, **settings)
+        with telemetry.operation("recall.render") as render:
+            page = recall_page(ranked.window, max_tokens=max_tokens, counter=engine.tokens, limit=ranked.plan.top_k,
+                               offset=ranked.plan.offset, detail=detail, session_id=ranked.plan.session,
+                               extra={**({"below_floor": ranked.below_floor} if ranked.below_floor else {}),
+                                      **({"below_cliff": ranked.below_cliff} if ranked.below_cliff else {}),
+                                      **({"superseded": ranked.superseded} if ranked.superseded else {}),
+                                      **({"mode": "keyword"} if engine.embedder is None else {})} or None)
+            render.set(results=len(page.chosen), tokens=page.tokens)
+        op.set(mode=engine.search_mode, results=len(page.chosen), tokens=page.tokens, max_tokens=max_tokens, truncated=page.truncated,
+               candidates=ranked.candidates, below_floor=ranked.below_floor, below_cliff=ranked.below_cliff)
+        return page
