@@ -2,13 +2,15 @@
 OTLP receiver (HTTP/protobuf and gRPC), and not one exported byte carries what a caller sent or a page said.
 
 Every input kind carries the marker: query, memory text, tags, metadata key and value, session id, URL path,
-domain, page text, search query and results, request headers, the API token, the database path, and the
-errors they cause (a missing session, a 404 page). The test reads every byte the receiver got.
+domain, page text, search query and results, request headers, the API token, a proxy's credentials, the database
+path, a browser session, and the errors they cause (a missing session, an empty memory, a 404 page). The test reads every byte the receiver got.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -150,7 +152,10 @@ def server_env(tmp_path: Path, site, otlp: dict[str, str], **extra: str) -> dict
     return {**base, "TINYCONTEXT_CONFIG_PATH": str(folder / "config.json"), "TINYCONTEXT_MEMORY_DB_PATH": str(folder / "memory.db"),
             "TINYCONTEXT_MODELS_DIR": str(folder / "models"), "TINYCONTEXT_TOOLS": "memory,web",
             "TINYCONTEXT_ALLOW_PRIVATE_HOSTS": "true", "TINYCONTEXT_SEARCH_BACKEND": "searxng",
-            "TINYCONTEXT_SEARXNG_URL": site.url(""), **FAST, **otlp, **extra}
+            "TINYCONTEXT_SEARXNG_URL": site.url(""),
+            # A proxy's credentials are configured (every target bypasses it, so pages still load directly).
+            "TINYCONTEXT_PROXY_SERVER": "http://127.0.0.1:9", "TINYCONTEXT_PROXY_USERNAME": f"{MARK}-proxy-user",
+            "TINYCONTEXT_PROXY_PASSWORD": f"{MARK}-proxy-password", "TINYCONTEXT_PROXY_BYPASS": "*", **FAST, **otlp, **extra}
 
 
 def marked_calls(site) -> list[tuple[str, dict]]:
@@ -178,15 +183,19 @@ def assert_clean(everything: bytes) -> None:
 
 def check_spans(found: list, *, dense: bool) -> None:
     names = {s.name for s in found}
-    expected = {"tinycontext.save", "tinycontext.scrape", "tinycontext.scrape.fetch", "tinycontext.scrape.extract",
-                "tinycontext.scrape.chunk", "tinycontext.scrape.rank", "tinycontext.search", "tinycontext.search.backend"}
+    expected = {"tinycontext.save", "tinycontext.recall", "tinycontext.recall.bm25", "tinycontext.recall.fuse",
+                "tinycontext.recall.window", "tinycontext.recall.render", "tinycontext.scrape", "tinycontext.scrape.fetch",
+                "tinycontext.scrape.extract", "tinycontext.scrape.chunk", "tinycontext.scrape.rank", "tinycontext.search",
+                "tinycontext.search.backend"}
     if dense:
-        expected |= {"tinycontext.embed"}
+        expected |= {"tinycontext.embed", "tinycontext.recall.dense"}
     assert expected <= names, expected - names
     by_name = {}
     for s in found:
         by_name.setdefault(s.name, []).append(attributes(s))
     assert {"ok", "empty_memory"} <= {a["tinycontext.outcome"] for a in by_name["tinycontext.save"]}
+    assert {"ok", "session_not_found"} <= {a["tinycontext.outcome"] for a in by_name["tinycontext.recall"]}
+    assert any(a.get("tinycontext.results") == 1 and a.get("tinycontext.tokens", 0) > 0 for a in by_name["tinycontext.recall"])
     assert {"ok", "http_error"} <= {a["tinycontext.outcome"] for a in by_name["tinycontext.scrape.fetch"]}
     saved = [a for a in by_name["tinycontext.save"] if a["tinycontext.outcome"] == "ok"][0]
     assert saved["tinycontext.saved"] == 1 and saved["tinycontext.tokens"] > 0
@@ -196,14 +205,25 @@ def check_spans(found: list, *, dense: bool) -> None:
     failed = [s for s in found if s.name == "tinycontext.save" and attributes(s)["tinycontext.outcome"] != "ok"][0]
     assert failed.status.code == 2 and failed.status.message == "" and not failed.events  # ERROR, no description, no exception event
     # The stages are children of their operation: a page's stages run on a worker thread in the scrape's context.
+    recall_ids = {s.span_id for s in found if s.name == "tinycontext.recall"}
+    assert all(s.parent_span_id in recall_ids for s in found if s.name in ("tinycontext.recall.bm25", "tinycontext.recall.dense"))
     scrape_ids = {s.span_id for s in found if s.name == "tinycontext.scrape"}
     assert all(s.parent_span_id in scrape_ids for s in found if s.name == "tinycontext.scrape.fetch")
     fetch_traces = {s.trace_id for s in found if s.name == "tinycontext.scrape"}
     assert all(s.trace_id in fetch_traces for s in found if s.name in ("tinycontext.scrape.extract", "tinycontext.scrape.rank"))
 
 
-def check_metrics(names: set[str]) -> None:
-    assert {"tinycontext.operation.duration", "tinycontext.items", "tinycontext.tokens"} <= names
+def check_metrics(bodies: list[bytes]) -> None:
+    metrics = [m for body in bodies for r in ExportMetricsServiceRequest.FromString(body).resource_metrics
+               for s in r.scope_metrics for m in s.metrics]
+    assert {"tinycontext.operation.duration", "tinycontext.items", "tinycontext.tokens"} <= {m.name for m in metrics}
+    durations = [p for m in metrics if m.name == "tinycontext.operation.duration" for p in m.histogram.data_points]
+    assert durations and all(list(p.explicit_bounds) == list(telemetry.BUCKETS_S) for p in durations)  # seconds buckets
+    # Series are split only by the operation, its kind of count and the allow-listed labels.
+    allowed = {"tinycontext.operation", "tinycontext.kind", *(telemetry.PREFIX + label for label in telemetry.LABELS)}
+    points = durations + [p for m in metrics if m.name != "tinycontext.operation.duration" for p in m.sum.data_points]
+    assert all({a.key for a in p.attributes} <= allowed for p in points)
+    assert {"session_not_found", "ok"} <= {a.value.string_value for p in durations for a in p.attributes if a.key == "tinycontext.outcome"}
 
 
 async def call_all(session: ClientSession, site) -> None:
@@ -228,7 +248,7 @@ def test_stdio_mcp_exports_spans_and_metrics_over_http_protobuf_without_payload(
         while not receiver.bodies("/v1/metrics") and time.monotonic() < deadline:
             time.sleep(0.1)
         check_spans(spans(receiver.bodies("/v1/traces")), dense=True)
-        check_metrics(metric_names(receiver.bodies("/v1/metrics")))
+        check_metrics(receiver.bodies("/v1/metrics"))
         assert all(h.get("x-otlp-tenant") == "acme" for _, h, _ in receiver.requests)  # OTEL_EXPORTER_OTLP_HEADERS
         assert_clean(receiver.everything())
     finally:
@@ -258,6 +278,7 @@ def run_serve(env: dict, *args: str, work) -> None:
     assert "OpenTelemetry" in err, err
 
 
+BROWSER = shutil.which("chromium") is not None and importlib.util.find_spec("playwright") is not None
 HEADERS = {"Authorization": f"Bearer {TOKEN}", f"X-{MARK}": f"{MARK}-header", "User-Agent": f"{MARK}-agent"}
 
 
@@ -279,7 +300,7 @@ def test_mcp_over_http_exports_over_grpc_without_payload(tmp_path, site):
     try:
         run_serve(env, work=work)
         check_spans(spans(receiver.bodies("traces")), dense=False)
-        check_metrics(metric_names(receiver.bodies("metrics")))
+        check_metrics(receiver.bodies("metrics"))
         assert all(("x-otlp-tenant", "acme") in m for _, m, _ in receiver.requests)
         assert_clean(receiver.everything())
     finally:
@@ -294,6 +315,10 @@ def test_rest_server_exports_without_payload_and_without_fastapi_request_spans(t
         with httpx.Client(base_url=base, headers=HEADERS, timeout=60) as client:
             for tool, arguments in marked_calls(site):
                 client.post(f"/{tool}", json=arguments)
+            if BROWSER:
+                viewed = client.post("/browser/navigate", json={"url": site.url(f"/{MARK}-path/rivers", host=f"{MARK}-domain.localhost"),
+                                                                "session_id": f"{MARK}-browser-session", "find": f"{MARK}"})
+                assert viewed.status_code == 200, viewed.text
             # A request the app refuses before any tool runs (its path and body carry the marker too).
             client.post(f"/{MARK}-nowhere", json={MARK: MARK})
             client.post("/save_memories", json={"memories": [{"content": 5, MARK: MARK}]})
@@ -302,8 +327,10 @@ def test_rest_server_exports_without_payload_and_without_fastapi_request_spans(t
         run_serve(env, "--rest", work=work)
         found = spans(receiver.bodies("/v1/traces"))
         check_spans(found, dense=False)
+        if BROWSER:
+            assert {"navigate"} == {attributes(s)["tinycontext.action"] for s in found if s.name == "tinycontext.browser"}
         assert all(s.name.startswith("tinycontext.") for s in found)  # FastAPI's own request spans stay off
-        check_metrics(metric_names(receiver.bodies("/v1/metrics")))
+        check_metrics(receiver.bodies("/v1/metrics"))
         assert not {n for n in metric_names(receiver.bodies("/v1/metrics")) if not n.startswith("tinycontext.")}
         assert_clean(receiver.everything())
     finally:

@@ -15,6 +15,7 @@ import sys
 import typing
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -30,6 +31,9 @@ CAPABILITIES = ("memory", "manage", "web", "browser")
 Capability = Literal[CAPABILITIES]  # type: ignore[valid-type]
 # MCP transports `tinycontext serve` offers (MCP_TRANSPORT); here so the CLI can list them without the server extra.
 TRANSPORTS: tuple[str, ...] = ("stdio", "sse", "streamable-http")
+# Upstream proxy kinds (tinycontext/web/proxies.py), and settings whose rejected value is never echoed.
+PROXY_SCHEMES = ("http", "https", "socks5")
+HIDDEN_VALUES = frozenset({"proxy_server", "proxy_password"})
 
 
 def default_db_path() -> Path:
@@ -198,10 +202,10 @@ class TinyContextConfig(BaseModel):
     # A ranked passage also gains this share of the score of its best paragraph or sentence (read with its
     # heading path) ranked among all the page's; 0: passages are scored whole only (and units are not embedded).
     scrape_unit_weight: float = Field(0.5, ge=0.0, le=2.0)
-    # Only the units of this many best-ranked passages of a page are embedded (all its units are ranked by
-    # BM25, which is cheap): more than fit in the default scrape budget, so a long page never seen before
-    # costs little more than its passages.
-    scrape_unit_candidates: int = Field(32, ge=0)
+    # Only the units of this many passages of a page, those BM25 ranks best, are embedded (more when the
+    # budget holds more: 4 per passage that fits); every unit is ranked by BM25, which is cheap. A page
+    # never seen before costs a fraction of its text to embed, not all of it.
+    scrape_unit_candidates: int = Field(12, ge=0)
     # A PDF is read up to this many pages (its bytes are bounded by web_max_bytes).
     scrape_pdf_max_pages: int = Field(200, ge=1, le=10_000)
     # How scrape_urls fetches: plain HTTP, the browser (pages built by scripts), or auto (HTTP, then the
@@ -222,6 +226,41 @@ class TinyContextConfig(BaseModel):
     browser_timeout_seconds: float = Field(15.0, gt=0)
     # Default token budget of one browser view.
     browser_max_tokens: int = Field(2000, ge=64, le=1_000_000)
+    # Upstream proxies for crawling: the HTTP fetcher, the search backends and the browser connect through them
+    # (tinycontext/web/proxies.py). http://, https:// or socks5://host:port; several (env: comma-separated) are
+    # used in turn, one per new connection (the browser: per session). The SSRF guard still decides on each target
+    # first, and a proxy receives the checked address. Operator settings: environment or config file only.
+    proxy_server: tuple[str, ...] = ()
+    proxy_username: str = ""
+    proxy_password: SecretStr | None = None
+    # Targets that connect directly: domains (with their subdomains), IP addresses or CIDR blocks, "<local>" (names
+    # without a dot), "*" (all). Env: comma-separated.
+    proxy_bypass: tuple[str, ...] = ()
+
+    @field_validator("proxy_server", "proxy_bypass", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("proxy_server", mode="after")
+    @classmethod
+    def _proxy_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for i, url in enumerate(value):
+            try:
+                parts = urlsplit(url)
+                parts.port  # noqa: B018 - raises on a bad port
+            except ValueError:
+                raise ValueError(f"proxy {i + 1} is not a URL") from None
+            if parts.scheme not in PROXY_SCHEMES or not parts.hostname:
+                raise ValueError(f"proxy {i + 1} must be {', '.join(s + '://host:port' for s in PROXY_SCHEMES)}")
+            if parts.username is not None or parts.password is not None:
+                # Kept out of URLs, which end up in messages: proxy_username and proxy_password hold them.
+                raise ValueError(f"proxy {i + 1} names credentials in its URL: set proxy_username and proxy_password instead")
+            if parts.path not in ("", "/") or parts.query or parts.fragment:
+                raise ValueError(f"proxy {i + 1} has a path: give scheme://host:port only")
+        return value
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -334,7 +373,7 @@ def _one_line(exc: ValidationError, source_of: dict[str, str]) -> str:
             parts.append(f"{where}: unknown setting {name!r}" + (f"; did you mean {close[0]!r}?" if close else "; see README.md, section Configuration."))
             continue
         # A secret's rejected value is not echoed: it may be the real one, mistyped.
-        secret = SecretStr in typing.get_args(FIELDS[name].annotation) if name in FIELDS else False
+        secret = (SecretStr in typing.get_args(FIELDS[name].annotation) or name in HIDDEN_VALUES) if name in FIELDS else False
         value = "***" if secret else str(error.get("input"))[:60]
         parts.append(f"{where}={value!r} is not allowed ({error['msg']}); {name} takes {allowed_values(name)}.")
     return " ".join(parts)

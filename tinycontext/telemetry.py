@@ -40,6 +40,7 @@ COUNTS = ("items", "memories", "saved", "skipped", "near_duplicates", "results",
 NUMBERS = ("tokens", "max_tokens", "status", "dimensions", "truncated", "cached")
 ATTRIBUTES = frozenset(LABELS + COUNTS + NUMBERS)
 # A label value: a code or a model name such as "sentence-transformers/all-MiniLM-L6-v2" or "openai:nomic-embed-text".
+BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30)
 _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,99}$")
 
 
@@ -84,8 +85,10 @@ if _trace is not None:
     _tracer = _trace.get_tracer("tinycontext", __version__)
     _meter = _metrics.get_meter("tinycontext", __version__)
     # Instruments on the API's proxy meter start recording once a provider is set (before: no-ops).
+    # Seconds, bucketed as the semantic conventions advise for durations (the SDK's default buckets are for ms).
     _duration = _meter.create_histogram("tinycontext.operation.duration", unit="s",
-                                        description="Duration of TinyContext operations and stages, by outcome")
+                                        description="Duration of TinyContext operations and stages, by outcome",
+                                        explicit_bucket_boundaries_advisory=BUCKETS_S)
     _items = _meter.create_counter("tinycontext.items", unit="{item}",
                                    description="What operations handled: memories saved, results, pages, texts embedded...")
     _tokens = _meter.create_counter("tinycontext.tokens", unit="{token}",

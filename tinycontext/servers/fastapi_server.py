@@ -20,6 +20,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
+from ..activity import open_activity
 from ..config import TinyContextConfig, load_config
 from ..memory.engine import MemoryEngine, get_engine
 from ..errors import InvalidInputError, TinyContextError
@@ -122,7 +123,10 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     # Swagger UI and ReDoc from the fastapi-offline package's files: /docs works without a network.
     app = FastAPIOffline(title="TinyContext", version=__version__, responses=ERRORS, telemetry=otel.FASTAPI_TELEMETRY_OFF,
                          description="Token-light local memory for AI agents: the MCP tools over REST.")
-    # Inside the guard: only requests it let through are recorded (when activity records are on).
+    # Inside the guard: only requests it let through are recorded (when activity records are on). A file
+    # that cannot be opened stops a configured app here, as it stops the MCP server.
+    if config is not None:
+        open_activity(config)
     app.add_middleware(RestRecorder, config=engines.config)
     protect(app, settings, open_paths=ui.OPEN_PATHS)
     ui.add_routes(app, engines)  # the memory browser at /ui

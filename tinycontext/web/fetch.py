@@ -18,6 +18,7 @@ import httpx
 
 from ..config import TinyContextConfig
 from .guard import BlockedURLError, Guard, GuardedTransport
+from .proxies import proxies_for
 
 # Types we can turn into text; everything else is ``unsupported_type`` before its body is read.
 HTML_TYPES = ("text/html", "application/xhtml+xml")
@@ -106,6 +107,11 @@ class HttpFetcher:
         self.config = config or TinyContextConfig()
         self.guard = guard or Guard(allow_private_hosts=self.config.allow_private_hosts)
         timeout = self.config.web_fetch_timeout
+        upstreams = proxies_for(self.config)
+        if transport is None and upstreams:
+            from .browser.proxy import ProxiedTransport  # the loopback guard proxy, chained to the upstreams
+
+            transport = ProxiedTransport(self.guard, upstreams)
         self.client = httpx.AsyncClient(
             transport=transport or GuardedTransport(self.guard),
             follow_redirects=True,

@@ -22,6 +22,7 @@ from ..budget.tokens import TokenCounter
 from ..config import TinyContextConfig
 from ..errors import InvalidInputError, RecallBudgetError
 from ..budget.render import Page, check_agent_budget, fit_page, one_line
+from .proxies import proxies_for
 
 MAX_ITEMS = 5
 MAX_QUERY_CHARS = 500
@@ -130,7 +131,10 @@ def ddgs_search(item: SearchItem, config: TinyContextConfig) -> list[dict]:
     from ddgs.exceptions import DDGSException, RatelimitException, TimeoutException
 
     try:
-        raw = DDGS(timeout=int(max(1, config.search_timeout))).text(backend_query(item), max_results=config.search_max_results)
+        # ddgs picks its engines itself, so proxy_bypass (per target) does not apply to it.
+        upstream = proxies_for(config).next()
+        raw = DDGS(proxy=upstream.url_with_credentials() if upstream else None,
+                   timeout=int(max(1, config.search_timeout))).text(backend_query(item), max_results=config.search_max_results)
     except RatelimitException as exc:
         raise BackendFailure("blocked", f"ddgs: rate limited ({exc})") from exc
     except TimeoutException as exc:
@@ -149,8 +153,10 @@ def searxng_search(item: SearchItem, config: TinyContextConfig) -> list[dict]:
     if not config.searxng_url:
         raise BackendFailure("unavailable", "searxng: searxng_url is not configured")
     url = config.searxng_url.rstrip("/") + "/search"
+    upstream = proxies_for(config).for_host(urlsplit(url).hostname or "")
     try:
-        with httpx.Client(timeout=config.search_timeout, trust_env=False, follow_redirects=False) as client:
+        with httpx.Client(timeout=config.search_timeout, trust_env=False, follow_redirects=False,
+                          proxy=upstream.httpx_proxy() if upstream else None) as client:
             response = client.get(url, params={"q": backend_query(item), "format": "json"},
                                   headers={"Accept": "application/json", "User-Agent": config.web_user_agent})
     except httpx.HTTPError as exc:

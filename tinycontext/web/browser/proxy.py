@@ -9,6 +9,10 @@ and resolve the target and then connects to exactly an address the guard checked
 Plain HTTP requests are forwarded one per connection (``Connection: close``), so a kept-alive
 connection can never carry a second request to a host that was not checked. HTTPS and WebSocket
 traffic arrives as ``CONNECT host:port`` and is tunnelled unread.
+
+With upstream proxies configured (``proxy_server``, :mod:`tinycontext.web.proxies`) the same listener chains to
+them: the guard's checked address goes to the upstream, never the name. The HTTP fetcher then sends its
+requests through one of these listeners too (:class:`ProxiedTransport`), so both take one path.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import logging
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+import httpx
+
+from .. import proxies
 from ..guard import Decision, Guard
 
 log = logging.getLogger(__name__)
@@ -43,11 +50,14 @@ class RefuseAll:
 
 
 class GuardProxy:
-    """One listener on 127.0.0.1 for one browser context; ``on_block`` hears each refusal."""
+    """One listener on 127.0.0.1 for one browser context (or one HTTP fetcher); ``on_block`` hears each refusal.
+    ``route`` names the upstream proxy for a connection the guard allowed (None: connect directly)."""
 
-    def __init__(self, guard: Guard | RefuseAll, on_block: Callable[[Decision], None]):
+    def __init__(self, guard: Guard | RefuseAll, on_block: Callable[[Decision], None],
+                 route: Callable[[Decision], proxies.Upstream | None] | None = None):
         self.guard = guard
         self.on_block = on_block
+        self.route = route
         self.server: asyncio.AbstractServer | None = None
         self.port = 0
         self._tasks: set[asyncio.Task] = set()
@@ -101,21 +111,39 @@ class GuardProxy:
             await _reply(writer, 403, f"Blocked by the SSRF guard: {decision.detail or decision.reason}",
                          {BLOCK_HEADER: decision.reason})
             return
-        upstream_reader, upstream_writer = await self._connect(decision)
+        upstream = self.route(decision) if self.route else None
+        try:
+            if upstream is not None and upstream.scheme != "socks5" and method.upper() != "CONNECT":
+                # Plain HTTP through an HTTP proxy: one absolute-form request naming the checked address.
+                upstream_reader, upstream_writer = await proxies.connect(upstream)
+                upstream_writer.write(proxies.absolute_form(upstream, method, url, decision.addresses[0], decision.port,
+                                                            version, _kept(headers)))
+            else:
+                upstream_reader, upstream_writer = await self._connect(decision, upstream)
+                if method.upper() != "CONNECT":
+                    upstream_writer.write(_origin_form(method, url, version, headers))
+        except (OSError, asyncio.TimeoutError) as exc:
+            if upstream is None:
+                raise
+            # The refusal's own words, or only the kind of failure (an OSError's text names the proxy's address).
+            why = str(exc) if isinstance(exc, proxies.ProxyRefusedError) else f"{type(exc).__name__} reaching the upstream proxy"
+            await _reply(writer, 502, f"The upstream proxy did not connect: {why}")
+            return
         try:
             if method.upper() == "CONNECT":
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            else:
-                upstream_writer.write(_origin_form(method, url, version, headers))
             await _pipe(reader, writer, upstream_reader, upstream_writer)
         finally:
             upstream_writer.close()
 
-    async def _connect(self, decision: Decision) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A connection to one of the addresses the guard checked (never a fresh lookup)."""
+    async def _connect(self, decision: Decision, upstream: proxies.Upstream | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to one of the addresses the guard checked (never a fresh lookup), directly or tunnelled
+        through ``upstream``."""
         error: OSError | None = None
         for address in decision.addresses:
             try:
+                if upstream is not None:
+                    return await proxies.tunnel(upstream, address, decision.port)
                 return await asyncio.wait_for(asyncio.open_connection(address, decision.port), CONNECT_TIMEOUT_S)
             except (OSError, asyncio.TimeoutError) as exc:
                 error = exc if isinstance(exc, OSError) else OSError(f"connect to {address} timed out")
@@ -126,9 +154,13 @@ def _origin_form(method: str, url: str, version: str, headers: bytes) -> bytes:
     """The request as the origin server expects it: path only, hop-by-hop headers dropped, one request."""
     parts = urlsplit(url)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    kept = [line for line in headers.split(b"\r\n") if line and line.split(b":", 1)[0].strip().lower() not in _HOP]
-    lines = [f"{method} {path} {version}".encode("latin-1"), *kept, b"Connection: close", b"", b""]
+    lines = [f"{method} {path} {version}".encode("latin-1"), *_kept(headers), b"Connection: close", b"", b""]
     return b"\r\n".join(lines)
+
+
+def _kept(headers: bytes) -> list[bytes]:
+    """The request's header lines a proxy passes on (hop-by-hop ones dropped)."""
+    return [line for line in headers.split(b"\r\n") if line and line.split(b":", 1)[0].strip().lower() not in _HOP]
 
 
 async def _pipe(client_reader, client_writer, upstream_reader, upstream_writer) -> None:
@@ -152,8 +184,40 @@ async def _pipe(client_reader, client_writer, upstream_reader, upstream_writer) 
 
 async def _reply(writer: asyncio.StreamWriter, status: int, message: str, headers: dict[str, str] | None = None) -> None:
     body = message.encode()
-    reason = {400: "Bad Request", 403: "Forbidden"}[status]
+    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[status]
     extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
                  f"{extra}Connection: close\r\n\r\n".encode() + body)
     await writer.drain()
+
+
+class ProxiedTransport(httpx.AsyncBaseTransport):
+    """The HTTP fetcher's transport when upstream proxies are set: the guard checks every hop here (a refusal
+    raises before anything is sent), then httpx talks to a loopback GuardProxy that checks again, pins the
+    address and connects through :meth:`~tinycontext.web.proxies.Proxies.route`'s upstream (or directly, for a bypassed target)."""
+
+    def __init__(self, guard: Guard, upstreams: proxies.Proxies):
+        self.guard, self.upstreams = guard, upstreams
+        self._server = None
+        self._inner = None
+        self._lock: asyncio.Lock | None = None
+
+    async def _ready(self):
+        self._lock = self._lock or asyncio.Lock()
+        async with self._lock:
+            if self._inner is None:
+                server = GuardProxy(self.guard, lambda decision: None, self.upstreams.route)
+                await server.start()
+                self._server, self._inner = server, httpx.AsyncHTTPTransport(proxy=server.url)
+        return self._inner
+
+    async def handle_async_request(self, request):
+        decision = await self.guard.adecide(str(request.url))
+        if not decision.allowed:
+            raise decision.error()
+        return await (await self._ready()).handle_async_request(request)
+
+    async def aclose(self) -> None:
+        if self._inner is not None:
+            await self._inner.aclose()
+            await self._server.close()

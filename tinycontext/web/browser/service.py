@@ -32,6 +32,7 @@ from ...errors import InvalidInputError, TinyContextError
 from ...budget.render import MIN_AGENT_TOKENS, to_json
 from ..guard import BlockedURLError, Decision, Guard
 from . import launch
+from ..proxies import proxies_for
 from .proxy import BLOCK_HEADER, GuardProxy, RefuseAll
 from .snapshot import REF_RE, Node, assign_refs, build_tree, fit_lines, render, walk
 
@@ -258,7 +259,8 @@ class BrowserService:
 
     async def _open(self, session: Session) -> None:
         browser = await self._ensure_browser()
-        session.proxy = GuardProxy(self.guard, lambda decision: self._blocked(session, decision))
+        # One upstream proxy (proxy_server) per session, taken in turn; proxy_bypass still decides per request.
+        session.proxy = GuardProxy(self.guard, lambda decision: self._blocked(session, decision), proxies_for(self.config).sticky())
         await session.proxy.start()
         try:
             # Service workers would fetch outside page routing; downloads and permissions stay off.
