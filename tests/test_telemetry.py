@@ -9,6 +9,7 @@ path, a browser session, and the errors they cause (a missing session, an empty 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -383,3 +384,39 @@ def test_only_allowed_attributes_and_codes_pass():
     assert telemetry.error_code(ConfigError(f"{MARK}")) == "config_error"
     assert telemetry.model_label("my-bundle", "my-bundle") == "custom"
     assert telemetry.model_label("sentence-transformers/all-MiniLM-L6-v2", "minilm") == "sentence-transformers/all-MiniLM-L6-v2"
+
+
+LIBRARY_USER = f"""
+import json, sys
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tinycontext import MemoryEngine, TinyContextConfig
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+with MemoryEngine(TinyContextConfig(memory_db_path=sys.argv[1], embedding_backend="none")) as engine:
+    with trace.get_tracer("app").start_as_current_span("app.request"):
+        engine.save(["{MARK} the library user's memory"], session_id="{MARK}-s")
+        engine.recall("{MARK} memory", session_id="{MARK}-s")
+print(json.dumps([[s.name, s.parent.span_id if s.parent else None, s.context.span_id, dict(s.attributes)] for s in exporter.get_finished_spans()]))
+"""
+
+
+def test_a_library_user_brings_their_own_provider(tmp_path):
+    """No OTEL_* variables and no server: the application's own provider receives the library's spans, as
+    children of its own span, and nothing else is set up."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TINYCONTEXT_"))}
+    done = subprocess.run([sys.executable, "-c", LIBRARY_USER, str(tmp_path / "m.db")], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    names = [name for name, *_ in found]
+    assert {"tinycontext.save", "tinycontext.recall", "tinycontext.recall.bm25", "app.request"} <= set(names)
+    app = next(span_id for name, _, span_id, _ in found if name == "app.request")
+    assert all(parent == app for name, parent, _, _ in found if name in ("tinycontext.save", "tinycontext.recall"))
+    assert MARK not in json.dumps([attributes for *_, attributes in found])
+    assert "OpenTelemetry" not in done.stderr  # the library configured nothing itself

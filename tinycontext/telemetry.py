@@ -33,9 +33,11 @@ except ImportError:  # the otel extra is not installed: nothing is recorded
 PREFIX = "tinycontext."
 # Text-valued attributes (low cardinality, never caller input) and, for metrics, the ones that split a series.
 LABELS = ("outcome", "stage", "backend", "model", "action", "role", "mode", "transport")
-# Counts (integers) a span may carry; each is also added to the ``tinycontext.items`` counter by kind.
+# Counts (integers) a span may carry. Those in COUNTED, on an operation (not a stage: no "." in its name),
+# are also added to the ``tinycontext.items`` counter by kind; each counter call costs (a few per operation).
 COUNTS = ("items", "memories", "saved", "skipped", "near_duplicates", "results", "candidates", "texts", "batches",
           "pages", "passages", "chunks", "bytes", "below_floor", "below_cliff")
+COUNTED = ("saved", "skipped", "results", "texts", "pages")
 # Other numbers a span may carry (``tokens`` also feeds the ``tinycontext.tokens`` counter).
 NUMBERS = ("tokens", "max_tokens", "status", "dimensions", "truncated", "cached")
 ATTRIBUTES = frozenset(LABELS + COUNTS + NUMBERS)
@@ -143,11 +145,12 @@ def operation(name: str, **attributes) -> Iterator[Operation]:
                 op.span.set_attribute(PREFIX + "outcome", op.values["outcome"])
             labels = {PREFIX + "operation": name, **{PREFIX + k: op.values[k] for k in LABELS if k in op.values}}
             _duration.record(time.perf_counter() - started, labels)
-            for kind in COUNTS:
-                if isinstance(op.values.get(kind), int) and op.values[kind] > 0:
-                    _items.add(op.values[kind], {PREFIX + "operation": name, PREFIX + "kind": kind})
-            if isinstance(op.values.get("tokens"), int) and op.values["tokens"] > 0:
-                _tokens.add(op.values["tokens"], {PREFIX + "operation": name})
+            if "." not in name:
+                for kind in COUNTED:
+                    if op.values.get(kind, 0) > 0:
+                        _items.add(op.values[kind], {PREFIX + "operation": name, PREFIX + "kind": kind})
+                if op.values.get("tokens", 0) > 0:
+                    _tokens.add(op.values["tokens"], {PREFIX + "operation": name})
 
 
 def model_label(name: str, path_name: str | None = None) -> str:
