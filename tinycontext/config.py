@@ -135,6 +135,9 @@ class TinyContextConfig(BaseModel):
     # "report": save and report near-duplicates; "skip": do not save them; "off": no near-duplicate
     # check (bulk loads into huge sessions: the check scans the session once per new memory).
     dedup_mode: Literal["report", "skip", "off"] = "report"
+    # Cosine similarity at or above which a new memory whose numbers or names differ from a stored one's
+    # (same subject, other value) is reported as a supersession candidate (memory/facts.py); never applied.
+    supersession_threshold: float = Field(0.75, gt=0.0, le=1.0)
     # "error": refuse a DB built by another embedder; "auto": re-embed everything on open.
     reindex: Literal["error", "auto"] = "error"
     max_content_chars: int = Field(100_000, ge=1)
