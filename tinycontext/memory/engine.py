@@ -154,7 +154,8 @@ class MemoryEngine:
         saved: list[dict] = []
         skipped: list[dict] = []
         near: list[dict] = []
-        check = vectors is not None and self.config.dedup_mode != "off"
+        # Imports keep what they bring: no near-duplicate check, so no neighbours to look up.
+        check = vectors is not None and stored is None and self.config.dedup_mode != "off"
         if check:
             self.index.prepare(session)
         with self.index.write() as conn:
@@ -183,7 +184,7 @@ class MemoryEngine:
                     skipped.append({"index": i, "reason": "duplicate", "duplicate_of": existing.get(digest, batch_seen.get(digest))})
                     continue
                 similar = None
-                if check and restored is None:
+                if check:
                     similar = _nearest(neighbours[i] if neighbours is not None else self._vec0_nearest(conn, session, vector), vector, batch_kept)
                 if similar and similar[1] >= self.config.dedup_threshold:
                     report = {"index": i, "similar_to": similar[0], "similarity": round(similar[1], 4)}
