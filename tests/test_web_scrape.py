@@ -513,3 +513,17 @@ def test_a_5_mb_page_answers_within_web_item_timeout(loopback_only, tmp_path):
         assert any("The flood reached the river mouth in May" in p["text"] for p in result["passages"])
     assert elapsed < config.web_item_timeout + 2  # the deadline holds inside every stage (a loaded CI: +2 s)
     assert fits(answer, 1000)
+
+
+def test_links_are_not_embedded_when_the_budget_leaves_them_no_room(loopback_only, web_config):
+    """Below LINKS_FROM_TOKENS an answer carries no links, so a cold page does not pay to embed them."""
+    from tinycontext.web.present import LINKS_FROM_TOKENS
+
+    item = {"url": "", "query": "a cruise down the Danube from Vienna"}
+    seen = {}
+    with LocalServer({"/rivers": html(ARTICLE)}) as server:
+        for budget in (LINKS_FROM_TOKENS // 2, LINKS_FROM_TOKENS):
+            embedder = CountingEmbedder()
+            answer = scrape_urls([{**item, "url": server.url("/rivers")}], budget, config=web_config, embedder=embedder)
+            seen[budget] = any("/danube-cruise" in text for text in embedder.documents), "links" in answer["results"][0]
+    assert seen == {LINKS_FROM_TOKENS // 2: (False, False), LINKS_FROM_TOKENS: (True, True)}

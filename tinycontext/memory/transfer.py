@@ -92,7 +92,8 @@ def _stable_uid(*parts) -> str:
 HEADER_FIELDS = {"type", "format", "format_version", "exported_at", "schema_version", "embedder", "memories", "vectors"}
 SESSION_FIELDS = {"type", "id", "created_at"}
 MEMORY_FIELDS = {"type", "id", "session_id", "content", "tags", "metadata", "created_at", "updated_at", "version", "uid",
-                 "expires_at", "history", "vector", "occurred_at", "speaker", "attachments", "episode"}
+                 "expires_at", "history", "vector", "occurred_at", "speaker", "attachments", "episode", "valid_from", "valid_until",
+                 "superseded_by"}
 HISTORY_FIELDS = {"version", "content", "tags", "metadata", "created_at", "superseded_at"}
 
 
@@ -156,6 +157,11 @@ def _jsonl_rows(engine: MemoryEngine, lines: Iterable[str], source: str) -> Iter
                 memory["updated_at"] = check_time(record["updated_at"], "updated_at", where)
             if record.get("version") is not None:
                 memory["version"] = integer(record["version"], "version", where)
+            for key in ("valid_from", "valid_until"):
+                if record.get(key) is not None:
+                    memory[key] = check_time(record[key], key, where)
+            if record.get("superseded_by") is not None:
+                memory["superseded_by"] = integer(record["superseded_by"], "superseded_by", where)
             vector = decode_vector(record.get("vector"), identity["dimensions"], where) if reuse_vectors else None
             memory.update(id=old_id, created_at=created, history=_history(record.get("history") or [], where),
                           vector=None if vector is None else vector.tobytes())

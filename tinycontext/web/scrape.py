@@ -27,7 +27,7 @@ from .deadline import SOFT_SHARE, Deadline
 from .extract import extract_page
 from .fetch import Fetcher, FetchResult, HttpFetcher
 from .pages import ExtractedPage, PageResult, ScrapeItem
-from .present import scrape_page
+from .present import LINKS_FROM_TOKENS, scrape_page
 from .rank import bm25_ranking, rank_chunks, rank_passages
 
 MAX_ITEMS = 5
@@ -90,7 +90,8 @@ _EXECUTOR = ThreadPoolExecutor(max_workers=MAX_ITEMS, thread_name_prefix="tinyco
 
 
 def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyContextConfig,
-             counter: TokenCounter, deadline: Deadline | None = None, budget: int | None = None) -> PageResult:
+             counter: TokenCounter, deadline: Deadline | None = None, budget: int | None = None,
+             links: bool = True) -> PageResult:
     if fetched.outcome != "ok":
         return PageResult(item, fetched, fetched.outcome)
     deadline = deadline or Deadline()
@@ -116,7 +117,7 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
     deadline.check()
     if item.ranked:
         with telemetry.operation("scrape.rank", mode="keyword" if embedder is None else "hybrid", chunks=len(result.chunks)):
-            _rank(item, result, page, embedder, config, deadline, budget)
+            _rank(item, result, page, embedder, config, deadline, budget, links)
         if deadline.cut:
             cut = (f"ranked partly by keywords alone: embedding stopped at {SOFT_SHARE:.0%} of "
                    f"web_item_timeout={config.web_item_timeout:g} s")
@@ -125,9 +126,12 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
 
 
 def _rank(item: ScrapeItem, result: PageResult, page: ExtractedPage, embedder, config: TinyContextConfig,
-          deadline: Deadline, budget: int | None) -> None:
+          deadline: Deadline, budget: int | None, links: bool) -> None:
     order = rank_chunks(item.query, result.chunks, embedder, config, deadline, budget)
     result.chunks = [result.chunks[i] for i, _ in order]
+    if not links:  # the answer will have no room for links (below LINKS_FROM_TOKENS): embedding them is waste
+        result.links = []
+        return
     # Related links share a word with the query (navigation and sidebars do not, and would eat the
     # budget); those are ranked like passages.
     texts = [f"{l.text} {l.url}" for l in page.links]
@@ -145,7 +149,9 @@ async def afetch_and_rank(items: Sequence[ScrapeItem], *, config: TinyContextCon
     loop = asyncio.get_running_loop()
     counter = TokenCounter(config.encoding_name)
     model: asyncio.Future | None = None
-    share = (config.scrape_max_tokens if max_tokens is None else max_tokens) // max(1, len(items))
+    total = config.scrape_max_tokens if max_tokens is None else max_tokens
+    share = total // max(1, len(items))
+    links = total >= LINKS_FROM_TOKENS and config.scrape_links_max_tokens > 0
 
     async def model_for_ranking():
         nonlocal model
@@ -166,7 +172,7 @@ async def afetch_and_rank(items: Sequence[ScrapeItem], *, config: TinyContextCon
                 ranker = await model_for_ranking() if item.ranked and fetched.outcome == "ok" else None
                 # The page's stages run on a worker thread, in this item's context (their spans join the scrape's).
                 return await loop.run_in_executor(_EXECUTOR, contextvars.copy_context().run, _process, item, fetched, ranker,
-                                                  config, counter, deadline, share)
+                                                  config, counter, deadline, share, links)
         except TimeoutError:
             late = FetchResult(url=item.url, final_url=fetched.final_url if fetched else item.url, outcome="timeout",
                                status=fetched.status if fetched else None,

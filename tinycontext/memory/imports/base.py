@@ -37,9 +37,11 @@ class ImportReport:
     history: int = 0  # old versions carried over
     sessions: int = 0
     renumbered: dict[int, int] = field(default_factory=dict)
+    new_ids: list[int] = field(default_factory=list, repr=False)  # what this import wrote (not reported)
 
     def to_dict(self) -> dict:
-        return {**self.__dict__, "renumbered": {str(k): v for k, v in self.renumbered.items()}}
+        out = {k: v for k, v in self.__dict__.items() if k != "new_ids"}
+        return {**out, "renumbered": {str(k): v for k, v in self.renumbered.items()}}
 
 
 @dataclass
@@ -128,6 +130,7 @@ def _import_chunk(engine: MemoryEngine, chunk: list[Pending], report: ImportRepo
                     _check(engine, pending)
             raise bad(group[index].where if index is not None else group[0].where, exc.message) from exc
         report.imported += len(result["ids"])
+        report.new_ids += result["ids"]
         report.skipped += len(result["skipped"])
         report.embedded += result["embedded"]
         report.renumbered.update(result["renumbered"])
@@ -163,6 +166,8 @@ def run(engine: MemoryEngine, items: Callable[[], Iterable], report: ImportRepor
                     chunk = []
             if chunk:
                 _import_chunk(engine, chunk, report)
+            if report.renumbered:  # links between imported facts follow their new ids
+                engine.renumber_links(report.new_ids, report.renumbered)
             if report.dry_run:
                 raise _DryRun
     except _DryRun:
