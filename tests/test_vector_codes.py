@@ -10,6 +10,7 @@ import pytest
 
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.memory import codes
+from tinycontext.memory.schema import SCHEMA_VERSION
 from tinycontext.memory.store import Store
 
 N_SENTENCES = 120
@@ -102,6 +103,6 @@ def test_migration_to_v7_codes_the_stored_vectors(tmp_path, corpus, real_embedde
             conn.execute(statement)
     raw.close()
     with _engine(path, real_embedder, vector_cache_max=10) as eng:
-        assert eng.store.schema_version == 7
+        assert eng.store.schema_version == SCHEMA_VERSION  # v7 and every later migration ran
         assert {r[0] for r in eng.store.read("SELECT memory_id FROM memory_codes")} == set(ids)
         assert eng.candidate_search.dense(memories[7]["content"], "s", [], 1)[0][0] == ids[7]
