@@ -164,7 +164,7 @@ def test_compare_gives_paired_differences(sweep, capsys):
     rows = pd.read_csv(out / "results.csv", dtype={"job": str})
     bm25 = rows[(rows["dense_weight"] == 0) & (rows["embedder"] == "fast")]["job"].iloc[0]
     hybrid = rows[rows["is_default"]]["job"].iloc[0]
-    from evals.report import compare
+    from evals.compare import compare
 
     table = compare(str(out / bm25), str(out / hybrid)).set_index(["split", "metric"])
     expected = rows.set_index("job").loc[hybrid, "ndcg@10"] - rows.set_index("job").loc[bm25, "ndcg@10"]

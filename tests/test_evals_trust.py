@@ -23,7 +23,8 @@ import evals.run  # noqa: F401  (registers the tc_default resolver)
 from evals import runner
 from evals.datasets import load_beir, load_longmemeval
 from evals.records import TamperedError, job_files, seal
-from evals.report import build_report, compare, cost_front, decision, load_results
+from evals.compare import compare
+from evals.report import build_report, cost_front, decision, load_results
 from evals.store import ResultsStore
 from evals.timing import timing_passes
 from tinycontext import ConfigError

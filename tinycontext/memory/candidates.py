@@ -74,7 +74,7 @@ class CandidateSearch:
     def bm25(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters | None = None) -> list[tuple[int, float]]:
         span = None
         if session is not None and self.store.read("SELECT min(id) = max(id) AND min(id) = ? FROM sessions", (session,))[0][0]:
-            session = None  # the only session: filtering by it changes nothing, and the join only costs time
+            session = None  # the only session: filtering by it changes nothing, and the join costs time (notes/design_figures.md)
         elif session is not None:
             # FTS5 scores every match before a join could drop other sessions' rows; limited to the
             # session's id range it skips the rows outside it.
@@ -112,7 +112,7 @@ class CandidateSearch:
             base, params = base + " AND memories_fts.rowid BETWEEN ? AND ?", [*params, *span]
         # The filter is part of the FTS query, so the LIMIT keeps the best matches that pass it. The unary
         # "+" keeps SQLite from driving FTS5 by the filter's id list: it would run the MATCH once per id
-        # (minutes for a filter passing half of a large store) instead of once, checking each hit's id.
+        # (notes/design_figures.md) instead of once, checking each hit's id.
         where_sql, filter_params = filter_sql(tags, filters, "+" + id_column)
         hits: list[tuple[int, float]] = []
         if match is not None:
