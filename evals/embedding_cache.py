@@ -66,6 +66,8 @@ class CachedEmbedder:
         self.inner = inner
         self.dimensions = inner.dimensions
         self.identity = inner.identity
+        # The floor the model states: the engine reads it from its embedder when recall_min_dense is not set.
+        self.min_dense = getattr(inner, "min_dense", None)
         self.key = key or model_key(inner.bundle, inner.pooling)
         path = Path(cache_dir) / "embeddings" / f"{self.key[:24]}.sqlite"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
-"""Aggregate a sweep directory into results.csv, per_query.csv, report.md and PNG plots; choose a
-config on the tuning split and report it on the test split (``recommend``); compare two runs.
+"""Aggregate a sweep directory into results.csv, per_query.csv, report.md and PNG plots (drawn by
+:mod:`.plots`); choose a config on the tuning split and report it on the test split (``recommend``).
+Comparing two runs is :mod:`.compare`; naming configs and their axes is :mod:`.configs`.
 
 Statistics (per dataset, on the tuning split's per-query scores of the primary metric): the best
 config by mean, a paired t-test of every config against the best and against the default config
@@ -19,14 +20,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-# Figure without pyplot renders with Agg and leaves the caller's backend alone (headless servers, notebooks).
-from matplotlib.figure import Figure
-
 from tinycontext import ConfigError, load_config
 
-from .metrics import MEASURES
-from .records import TamperedError, derive, job_files, qrels_file, read_run, run_file, splits_of, verify
-from .stats import MARGIN, RESAMPLES, bootstrap_ci, diff_ci, holm, paired_p, summary, tost_p
+from .configs import label, primary_metric, swept
+from .plots import write_plots
+from .records import TamperedError, derive, job_files, qrels_file, run_file, splits_of, verify
+from .stats import MARGIN, RESAMPLES, bootstrap_ci, holm, paired_p, summary, tost_p
 
 ALPHA = 0.05
 PER_QUERY_TYPES = {"query_id": str, "retrieved": str, "received": str, "relevant": str, "session": str}
@@ -36,8 +35,6 @@ RESULT_COLUMNS = ["tune_ndcg@10", "ndcg@10", "ndcg@10_ci_low", "ndcg@10_ci_high"
                   "recall@10_ci_high", "recall@100", "mrr@10", "budget_recall", "recall_p50_ms", "recall_p95_ms",
                   "recall_p99_ms", "peak_rss_mb", "index_docs_per_s", "tokens_returned", "tokens_per_request", "tokens_naive",
                   "token_savings"]
-SWEEPABLE = ["embedder", "pooling", "query_prefix", "document_prefix", "dense_weight", "rrf_k", "top_k",
-             "candidates", "max_tokens"]
 STAT_COLUMNS = ["is_best", "tied_with_best", "equivalent_to_best", "p_vs_best", "p_vs_best_holm", "tost_vs_best",
                 "tost_vs_best_holm", "p_vs_default", "p_vs_default_holm", "tost_vs_default", "tost_vs_default_holm", "margin"]
 
@@ -79,30 +76,6 @@ def load_results(sweep_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[dict
     return rows, pd.concat(per_query, ignore_index=True), records
 
 
-def sweepable(rows: pd.DataFrame) -> list[str]:
-    """Fixed axes plus any engine setting or recall argument a sweep passed through (engine.*, recall.*)."""
-    return [*SWEEPABLE, *[c for c in rows.columns if c.startswith(("engine.", "recall."))]]
-
-
-def swept(rows: pd.DataFrame) -> dict[str, list]:
-    out = {c: rows[c].drop_duplicates().sort_values().tolist() for c in sweepable(rows)
-           if c in rows and rows[c].astype(str).nunique() > 1}
-    if "pooling" in out and "embedder" in out and (rows.groupby("embedder")["pooling"].nunique() == 1).all():
-        del out["pooling"]  # each embedder has its own pooling: not an axis of its own
-    return out
-
-
-def label(row: pd.Series, axes: list[str]) -> str:
-    """A short name for a config: the values of the swept axes."""
-    short = {"dense_weight": "w", "rrf_k": "k", "max_tokens": "budget", "candidates": "cand", "top_k": "top"}
-    parts = []
-    for axis in axes:
-        value = row[axis]
-        value = f"{value:g}" if isinstance(value, (float, np.floating)) else value
-        parts.append(f"{short.get(axis, axis.split('.')[-1])}={value}" if axis != "embedder" else str(value))
-    return " ".join(parts) or str(row.get("job", ""))
-
-
 def _markdown(df: pd.DataFrame) -> str:
     def cell(v):
         if isinstance(v, (bool, np.bool_)):
@@ -121,11 +94,6 @@ def _invariance(rows: pd.DataFrame, weight: float, within: list[str]) -> str:
         return "not swept"
     spread = part.groupby(within)["ndcg@10"].agg(lambda s: s.max() - s.min()).max()
     return "yes" if spread < 1e-12 else f"NO (nDCG@10 varies by {spread:.4f} across rrf_k)"
-
-
-def primary_metric(rows: pd.DataFrame) -> str:
-    """Budget sweeps are judged by what the agent sees; ranking sweeps by nDCG@10."""
-    return "budget_recall" if rows["max_tokens"].nunique() > 1 else "ndcg@10"
 
 
 def split_matrix(per_query: pd.DataFrame, jobs, metric: str, split: str = "tune") -> pd.DataFrame:
@@ -244,103 +212,6 @@ def dataset_stats(rows: pd.DataFrame, per_query: pd.DataFrame, metric: str) -> p
     matrix = split_matrix(per_query, rows["job"], metric)
     stats = sweep_stats(matrix, default_job(rows))
     return rows.drop(columns=[c for c in STAT_COLUMNS if c in rows]).join(stats, on="job")
-
-
-def _scatter_panel(ax, part: pd.DataFrame, x: str, metric: str, axes: list[str], chosen: str | None, xlabel: str) -> None:
-    y, low, high = part[f"tune_{metric}"], part[f"tune_{metric}_ci_low"], part[f"tune_{metric}_ci_high"]
-    ax.errorbar(part[x], y, yerr=[y - low, high - y], fmt="o", color="tab:blue", ecolor="lightsteelblue", capsize=2,
-                markersize=4, label="config (95% CI, tuning split)")
-    front = pareto_front(part, x, f"tune_{metric}")
-    ax.plot(front[x], front[f"tune_{metric}"], color="tab:orange", drawstyle="steps-post", label="Pareto front")
-    labelled = front if len(front) <= 12 else front.iloc[:: max(1, len(front) // 12)]
-    for _, row in labelled.iterrows():
-        ax.annotate(label(row, axes), (row[x], row[f"tune_{metric}"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    if chosen is not None and chosen in set(part["job"]):
-        pick = part[part["job"] == chosen].iloc[0]
-        ax.scatter([pick[x]], [pick[f"tune_{metric}"]], marker="*", s=220, color="tab:red", zorder=5,
-                   label=f"recommended: {label(pick, axes)}")
-    ax.set(xlabel=xlabel, ylabel=f"{metric} (tuning split)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-
-
-def pareto_front(part: pd.DataFrame, cost: str, quality: str) -> pd.DataFrame:
-    """Configs no other config beats on both lower cost and higher quality, by increasing cost."""
-    ordered = part.sort_values([cost, quality], ascending=[True, False])
-    best, keep = -np.inf, []
-    for idx, row in ordered.iterrows():
-        if row[quality] > best:
-            keep.append(idx)
-            best = row[quality]
-    return ordered.loc[keep]
-
-
-def write_plots(rows: pd.DataFrame, out: Path, chosen: dict[str, str] | None = None) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    chosen = chosen or {}
-    written = []
-    datasets = sorted(rows["dataset"].unique())
-    axes = list(swept(rows))
-
-    # Pareto: quality (tuning split, CI bars) against p95 latency and against peak RSS.
-    fig = Figure(figsize=(13, 4.8 * len(datasets)))
-    grid = fig.subplots(len(datasets), 2, squeeze=False)
-    for (ax_lat, ax_ram), name in zip(grid, datasets):
-        part = rows[rows["dataset"] == name]
-        metric = primary_metric(part)
-        _scatter_panel(ax_lat, part, "recall_p95_ms", metric, axes, chosen.get(name), "recall p95 latency (ms, live, alone)")
-        ax_lat.set_title(f"{name}: quality vs latency")
-        _scatter_panel(ax_ram, part, "peak_rss_mb", metric, axes, chosen.get(name), "peak RSS of a fresh process (MB)")
-        ax_ram.set_title(f"{name}: quality vs memory")
-    written.append(_save(fig, out / "pareto.png"))
-
-    # Quality vs dense weight, one line per (embedder, rrf_k), legend beside the axes.
-    fig = Figure(figsize=(9, 4.5 * len(datasets)))
-    grid = fig.subplots(len(datasets), 1, squeeze=False)
-    for ax, name in zip(grid[:, 0], datasets):
-        part = rows[rows["dataset"] == name]
-        for (embedder, k), group in part.groupby(["embedder", "rrf_k"]):
-            group = group.groupby("dense_weight", as_index=False)[["tune_ndcg@10", "ndcg@10"]].max()
-            ax.plot(group["dense_weight"], group["tune_ndcg@10"], marker="o", label=f"{embedder}, k={k:g}")
-        ax.set(title=f"{name}: nDCG@10 (tuning split) vs dense weight", xlabel="dense weight (0 = BM25 alone, 1 = dense alone)",
-               ylabel="nDCG@10")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    written.append(_save(fig, out / "quality_vs_dense_weight.png"))
-
-    # Budget: tokens the agent receives vs recall within that budget, with R@10 unlimited for reference.
-    fig = Figure(figsize=(9, 4.5 * len(datasets)))
-    grid = fig.subplots(len(datasets), 1, squeeze=False)
-    for ax, name in zip(grid[:, 0], datasets):
-        part = rows[rows["dataset"] == name]
-        groups = [c for c in axes if c != "max_tokens"][:3]
-        for key, group in (part.groupby(groups) if groups else [((), part)]):
-            group = group.sort_values("tokens_returned")
-            text = label(group.iloc[0], groups) or "config"
-            y = group["budget_recall"]
-            ax.errorbar(group["tokens_returned"], y, yerr=[y - group["budget_recall_ci_low"], group["budget_recall_ci_high"] - y],
-                        marker="o", capsize=2, label=text)
-            for _, row in (group.iterrows() if "max_tokens" in axes else []):  # one budget: nothing to label
-                ax.annotate(f"{int(row['max_tokens'])}", (row["tokens_returned"], row["budget_recall"]),
-                            textcoords="offset points", xytext=(3, -10), fontsize=7)
-        ax.axhline(part["recall@10"].max(), color="grey", linestyle=":", label="best R@10, unlimited budget")
-        ax.axvline(part["tokens_naive"].mean(), color="grey", linestyle="--", label="fixed naive baseline (mean tokens)")
-        ax.set(title=f"{name}: tokens returned vs recall within the budget"
-               + (" (labels: max_tokens)" if "max_tokens" in axes else f" (max_tokens {int(part['max_tokens'].iloc[0])})"),
-               xscale="log",
-               xlabel="tokens returned per query (mean, log scale)", ylabel="recall within budget (test split)")
-        ax.grid(alpha=0.3)
-        handles = ax.get_legend_handles_labels()[0]
-        if len(handles) <= 16:
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    written.append(_save(fig, out / "tokens_vs_recall.png"))
-    return written
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    return path
 
 
 def _fmt_ci(row, name: str, digits: int = 4) -> str:
@@ -545,90 +416,6 @@ def portable_model(fields: dict, out: Path) -> dict:
 
 def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
-
-
-def _run_scores(ref: str, store_path: Path | None) -> tuple[str, pd.DataFrame | dict, dict[str, str]]:
-    """(name, per-query scores, {split: TREC qrels text}) of a harness run (a run directory or a run id
-    in the results store, checked and re-derived as the report does), or (name, {qid: {doc: score}},
-    {}) of any TREC run file (another system's), to be scored with the other side's qrels."""
-    path = Path(ref)
-    if (path / "result.json").is_file():
-        _, per_query, records = load_results(path)
-        folder = path
-        return str(path), per_query.drop(columns="job"), {s: (folder / qrels_file(s)).read_text(encoding="utf-8")
-                                                          for s in splits_of(records[0])}
-    if path.is_file():
-        try:
-            return f"TREC run {path}", read_run(path.read_text(encoding="utf-8")), {}
-        except (ValueError, IndexError) as exc:
-            raise ConfigError(f"{path} is not a TREC run file (qid Q0 docid rank score tag): {exc}", path=str(path)) from exc
-    if store_path is not None and store_path.is_file():
-        from .store import ResultsStore
-
-        with ResultsStore(store_path) as store:
-            hit = store.get(ref)
-        if hit is not None:
-            record, per_query, files = hit
-            splits = splits_of(record)
-            qrels = {s: files[qrels_file(s)].decode() for s in splits}
-            _, per_query = derive(record, per_query, {s: files[run_file(s)].decode() for s in splits}, qrels, f"run {ref}")
-            return f"run {ref}", per_query, qrels
-    raise ConfigError(f"{ref} is neither a run directory, a TREC run file nor a run id in the results store {store_path}.")
-
-
-def _score_trec(run: dict, qrels: dict[str, str], splits: dict[str, str]) -> pd.DataFrame:
-    """Per-query quality of a foreign TREC run on the harness run's qrels (split name -> tune/test)."""
-    from .metrics import per_query_quality
-    from .records import read_qrels
-
-    rows = []
-    for split, text in qrels.items():
-        judged = read_qrels(text)
-        for qid, scores in per_query_quality(judged, {q: d for q, d in run.items() if q in judged}).items():
-            rows.append({"query_id": qid, **{flag: name == split for flag, name in splits.items()}, **scores})
-    return pd.DataFrame(rows).groupby("query_id", as_index=False).agg(
-        {"tune": "max", "test": "max", **{m: "first" for m in MEASURES}})
-
-
-def _split_name(qrels: dict[str, str], per_query: pd.DataFrame, flag: str) -> str | None:
-    """Which split's qrels hold the queries a harness run flags ``tune``/``test``."""
-    from .records import read_qrels
-
-    wanted = set(per_query.loc[per_query[flag].astype(bool), "query_id"])
-    return next((s for s, text in qrels.items() if wanted and wanted <= set(read_qrels(text))), None)
-
-
-def compare(run_a: str, run_b: str, *, store_path: Path | None = None, metrics: list[str] | None = None) -> pd.DataFrame:
-    """Paired per-query differences B - A on the queries both runs scored, per split: mean, 95% CI, p.
-    Either side may be any TREC run file: it is scored with ir_measures on the other side's qrels."""
-    name_a, a, qrels_a = _run_scores(run_a, store_path)
-    name_b, b, qrels_b = _run_scores(run_b, store_path)
-    if isinstance(a, dict) and isinstance(b, dict):
-        raise ConfigError("Compare a TREC run with a harness run (a run directory or store id): its qrels score the TREC run.")
-    sides = []
-    for scores, other, own_qrels, other_qrels in ((a, b, qrels_a, qrels_b), (b, a, qrels_b, qrels_a)):
-        if isinstance(scores, dict):
-            splits = {flag: _split_name(other_qrels, other, flag) for flag in ("tune", "test")}
-            scores = _score_trec(scores, other_qrels, splits)
-        sides.append(scores)
-    a, b = sides
-    metrics = metrics or ([*MEASURES, "budget_recall"] if "budget_recall" in a and "budget_recall" in b else list(MEASURES))
-    out = []
-    for split in ("tune", "test"):
-        left = a[a[split].astype(bool)].set_index("query_id") if split in a else a.set_index("query_id")
-        right = b[b[split].astype(bool)].set_index("query_id") if split in b else b.set_index("query_id")
-        common = left.index.intersection(right.index)
-        if common.empty:
-            continue
-        for metric in metrics:
-            x, y = left.loc[common, metric].to_numpy(float), right.loc[common, metric].to_numpy(float)
-            low, high = diff_ci(y, x)
-            out.append({"split": split, "metric": metric, "queries": len(common), "a": x.mean(), "b": y.mean(),
-                        "b_minus_a": (y - x).mean(), "ci_low": low, "ci_high": high, "p": paired_p(y, x),
-                        "wins": int((y > x).sum()), "losses": int((y < x).sum())})
-    if not out:
-        raise ConfigError(f"{name_a} and {name_b} share no scored query: compare runs on the same dataset.")
-    return pd.DataFrame(out)
 
 
 def calibrate_floor(run_dir: Path, keep: float = 0.95) -> dict:

@@ -70,7 +70,8 @@ def _default_store() -> Path:
 
 
 def _commands(argv: list[str]) -> int:
-    from .report import build_report, compare, load_results, recommend
+    from .compare import compare
+    from .report import build_report, load_results, recommend
 
     parser = argparse.ArgumentParser(prog="tinycontext-eval", description="Rebuild reports or pick a config from a sweep.")
     sub = parser.add_subparsers(dest="command", required=True)

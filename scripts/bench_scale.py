@@ -178,7 +178,7 @@ def measure(work: Path, queries_n: int, exact_n: int, cache_max: int) -> dict:
         sample = [next(fresh) for _ in range(exact_n)]
         qv = np.stack([engine.embedder.embed_query(q) for q in sample])
         qv /= np.linalg.norm(qv, axis=1, keepdims=True)
-        got = [[i for i, _ in engine._dense(q, SESSION, [], 10)] for q in sample]
+        got = [[i for i, _ in engine.candidate_search.dense(q, SESSION, [], 10)] for q in sample]
     want = exact_top(work, qv, 10)
     out["dense_recall@10_vs_exact"] = statistics.mean(len(set(g) & set(w)) / 10 for g, w in zip(got, want))
     out["exact_queries"] = exact_n

@@ -257,9 +257,14 @@ async def evaluate(site: Site, base_url: str, budgets: list[int], config: TinyCo
     try:
         for q in tqdm(site.questions, desc=f"web evidence {site.name}", unit="q"):
             item = ScrapeItem(base_url + q.url_path, q.query)
-            started = time.perf_counter()
-            (page,) = await afetch_and_rank([item], config=config, fetcher=fetcher, embedder=embedder)
-            rank_ms = (time.perf_counter() - started) * 1000
+            ranked, took = {}, []  # ranked per budget, as scrape_urls does (a larger budget embeds more passages)
+            for budget in budgets:
+                started = time.perf_counter()
+                (ranked[budget],) = await afetch_and_rank([item], config=config, fetcher=fetcher, embedder=embedder,
+                                                          max_tokens=budget)
+                took.append((time.perf_counter() - started) * 1000)
+            rank_ms = took[0]  # the smallest budget's call
+            page = ranked[budgets[0]]
             if page.outcome != "ok":
                 raise RuntimeError(f"{item.url}: {page.outcome} {page.fetch.detail}")
             if q.url_path not in whole_pages:  # the baselines' page (scrape extracts it again per question)
@@ -276,7 +281,7 @@ async def evaluate(site: Site, base_url: str, budgets: list[int], config: TinyCo
             for method, text in (("whole page", markdown), ("first 5,000 chars", markdown[:FETCH_BASELINE_CHARS])):
                 rows.append({**base, "method": method, "budget": None, "tokens": counter.count(text), **score(text, [text])})
             for budget in budgets:
-                fitted = scrape_page([page], max_tokens=budget, counter=counter,
+                fitted = scrape_page([ranked[budget]], max_tokens=budget, counter=counter,
                                      links_max_tokens=config.scrape_links_max_tokens, order=order)
                 windows = [p["text"] for r in fitted.structured["results"] for p in r.get("passages", [])]
                 rows.append({**base, "method": "scrape_urls", "budget": budget, "tokens": fitted.text_tokens,

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "tinycontext"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "tinycontext"
+MAX_MODULE_LINES = 600  # past this a module holds more than one job: split it by responsibility
 LAYERS = {
     "config": 0, "errors": 0, "sqlite": 0, "telemetry": 0, "version": 0,
     "models": 1, "retrieval": 1, "budget": 1, "activity": 1,
@@ -132,6 +134,12 @@ def test_no_upward_import():
 def test_the_web_package_does_not_import_the_servers():
     graph = import_graph(PACKAGE)
     assert not {(s, t) for s, ts in graph.items() for t in ts if part(s) == "web" and part(t) in ("servers", "cli", "memory")}
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {str(path.relative_to(REPO)): lines for folder in (PACKAGE, REPO / "evals") for path in sorted(folder.rglob("*.py"))
+            if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, f"modules over {MAX_MODULE_LINES} lines (split them by responsibility): {long}"
 
 
 def test_every_part_has_a_docstring():

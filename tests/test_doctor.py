@@ -37,7 +37,8 @@ def test_ready_setup_exits_zero(env, tmp_path):
     report = json.loads(proc.stdout)
     by_name = checks(report)
     assert report["ok"] and all(c["ok"] for c in report["checks"])
-    assert list(by_name) == ["python", "config", "sqlite", "fts5", "sqlite-vec", "model", "embedding", "tokenizer", "database", "browser", "mcp tools"]
+    assert list(by_name) == ["python", "config", "sqlite", "fts5", "sqlite-vec", "model", "embedding", "tokenizer", "database", "browser", "mcp tools",
+                            "telemetry", "proxies"]
     assert by_name["sqlite"]["details"]["driver"] == sqlite_driver()[0].__name__
     assert by_name["fts5"]["details"]["available"] is True
     assert by_name["sqlite-vec"]["details"]["version"] == f"v{sqlite_vec.__version__}"
@@ -58,7 +59,23 @@ def test_ready_setup_exits_zero(env, tmp_path):
 
     text = doctor(env)
     assert text.returncode == 0 and text.stdout.rstrip().endswith("Ready.")
+
     assert BUILTIN_SHA256[:12] in text.stdout
+
+
+def test_telemetry_and_proxies_are_reported_without_the_password(env):
+    secret = "doctor-proxy-password-123"
+    proc = doctor({**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                   "TINYCONTEXT_PROXY_SERVER": "http://127.0.0.1:3128,socks5://127.0.0.1:1080", "TINYCONTEXT_PROXY_USERNAME": "me",
+                   "TINYCONTEXT_PROXY_PASSWORD": secret, "TINYCONTEXT_PROXY_BYPASS": "intranet.example"}, "--json")
+    by_name = checks(json.loads(proc.stdout))
+    assert by_name["telemetry"]["ok"] and by_name["telemetry"]["details"]["signals"] == {"traces": "grpc", "metrics": "grpc"}
+    assert by_name["proxies"]["ok"] and by_name["proxies"]["details"] == {
+        "proxies": ["http://127.0.0.1:3128", "socks5://127.0.0.1:1080"], "bypass": ["intranet.example"]}
+    assert "with credentials" in by_name["proxies"]["summary"]
+    assert secret not in proc.stdout + proc.stderr
+    off = checks(json.loads(doctor({**env, "OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, "--json").stdout))
+    assert off["telemetry"]["details"]["signals"] == {} and off["proxies"]["details"] == {"proxies": []}
 
 
 def test_existing_database_is_inspected_read_only(env, tmp_path, real_embedder):

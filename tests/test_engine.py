@@ -435,9 +435,9 @@ def test_module_level_api(config):
 def test_bm25_single_session_shortcut_matches_filtered_search(hash_engine):
     docs = [{"content": f"note {i} about apples and pears", "tags": ["fruit"] if i % 2 else []} for i in range(12)]
     ids = hash_engine.save(docs, session_id="only")["ids"]
-    alone = hash_engine._bm25("apples pears", "only", [], 50)
-    assert alone == hash_engine._bm25("apples pears", None, [], 50) and len(alone) == 12
-    assert {i for i, _ in hash_engine._bm25("apples", "only", ["fruit"], 50)} == set(ids[1::2])
+    alone = hash_engine.candidate_search.bm25("apples pears", "only", [], 50)
+    assert alone == hash_engine.candidate_search.bm25("apples pears", None, [], 50) and len(alone) == 12
+    assert {i for i, _ in hash_engine.candidate_search.bm25("apples", "only", ["fruit"], 50)} == set(ids[1::2])
     # Once another session exists, the session filter applies again.
     hash_engine.save(["apples in another session"], session_id="other")
-    assert {i for i, _ in hash_engine._bm25("apples", "only", [], 50)} == set(ids)
+    assert {i for i, _ in hash_engine.candidate_search.bm25("apples", "only", [], 50)} == set(ids)

@@ -164,7 +164,7 @@ def test_compare_gives_paired_differences(sweep, capsys):
     rows = pd.read_csv(out / "results.csv", dtype={"job": str})
     bm25 = rows[(rows["dense_weight"] == 0) & (rows["embedder"] == "fast")]["job"].iloc[0]
     hybrid = rows[rows["is_default"]]["job"].iloc[0]
-    from evals.report import compare
+    from evals.compare import compare
 
     table = compare(str(out / bm25), str(out / hybrid)).set_index(["split", "metric"])
     expected = rows.set_index("job").loc[hybrid, "ndcg@10"] - rows.set_index("job").loc[bm25, "ndcg@10"]
@@ -239,3 +239,22 @@ def test_reusing_sweeper_composes_jobs_as_hydra_does(overrides):
                      OmegaConf.to_container(c.hydra.overrides), c.hydra.sweep.dir, c.hydra.sweep.subdir,
                      c.hydra.job.override_dirname) for c in (ours, hydras)]
             assert seen[0] == seen[1]
+
+
+def test_cost_rule_on_real_data_picks_the_cheaper_equivalent_model(shared_dir, tmp_path, capsys):
+    """Two real LoCoMo conversations, all-MiniLM-L6-v2 fp32 against its int8 export (a quarter of the size, neither
+    the default config): equivalent within the TOST margin, so the rule picks by cost and names itself."""
+    samples = json.loads((shared_dir / "datasets" / "locomo" / "locomo-dev.json").read_text(encoding="utf-8"))
+    data = tmp_path / "locomo-two.json"
+    data.write_text(json.dumps([s for s in samples if s["sample_id"] in ("conv-26", "conv-30")]), encoding="utf-8")
+    out = tmp_path / "sweep"
+    cli("-m", "dataset=locomo", f"dataset.path={data}", "embedder=minilm-fp32,minilm-int8", *SWEEP[5:],
+        f"hydra.sweep.dir={out}", env={"TINYCONTEXT_EVAL_CACHE": str(tmp_path / "cache")})
+    rows = pd.read_csv(out / "results.csv", dtype={"job": str}).set_index("embedder")
+    assert not rows["is_default"].any() and rows["equivalent_to_best"].all()
+    assert rows.loc["minilm-int8", "model_mb"] < rows.loc["minilm-fp32", "model_mb"] / 3
+    assert _commands(["recommend", str(out), "--out", str(tmp_path / "context_config.json")]) == 0
+    stdout = capsys.readouterr().out
+    summary = json.loads(stdout[: stdout.rindex("}") + 1])
+    assert summary["rule"].startswith("cost") and summary["job"] == rows.loc["minilm-int8", "job"]
+    assert "cost: the cheapest" in (out / "report.md").read_text(encoding="utf-8")

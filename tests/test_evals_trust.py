@@ -23,7 +23,8 @@ import evals.run  # noqa: F401  (registers the tc_default resolver)
 from evals import runner
 from evals.datasets import load_beir, load_longmemeval
 from evals.records import TamperedError, job_files, seal
-from evals.report import build_report, compare, cost_front, decision, load_results
+from evals.compare import compare
+from evals.report import build_report, cost_front, decision, load_results
 from evals.store import ResultsStore
 from evals.timing import timing_passes
 from tinycontext import ConfigError
@@ -266,6 +267,7 @@ def test_a_sweep_against_an_openai_compatible_server(real_embedder, tmp_path):
 def test_a_relevance_floor_per_model(job, tmp_path, real_embedder):
     """calibrate-floor measures one on the run's own data; a model that states one uses it unless
     recall_min_dense is set."""
+    from evals.embedding_cache import CachedEmbedder
     from evals.report import calibrate_floor
     from tinycontext import MemoryEngine, TinyContextConfig
 
@@ -278,5 +280,9 @@ def test_a_relevance_floor_per_model(job, tmp_path, real_embedder):
             assert engine.default_min_dense() == 0.7
         with MemoryEngine(TinyContextConfig(memory_db_path=tmp_path / "b.db", recall_min_dense=0.3), embedder=real_embedder) as engine:
             assert engine.default_min_dense() == 0.3  # set explicitly: the setting wins
+        # The harness's quality passes recall through its vector cache: the model's floor must pass through it.
+        with MemoryEngine(TinyContextConfig(memory_db_path=tmp_path / "c.db"),
+                          embedder=CachedEmbedder(real_embedder, tmp_path / "cache")) as engine:
+            assert engine.default_min_dense() == 0.7
     finally:
         real_embedder.min_dense = None

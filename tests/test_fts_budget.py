@@ -29,7 +29,7 @@ def test_commonest_words_dropped_past_the_budget(tmp_path):
         assert bounded_match(engine.store, "common usual", 5) == '"usual"'  # the rarest word always stays
         assert bounded_match(engine.store, "common", 5) == '"common"'
         assert bounded_match(engine.store, "the of", 5) == fts_query("the of")
-        hits = engine._bm25(query, "s", [], 100)
+        hits = engine.candidate_search.bm25(query, "s", [], 100)
         contents = [engine.get(i)["content"] for i, _ in hits]
         assert len(hits) == 12 and all("middling" in c or "rare" in c for c in contents)
 
@@ -39,7 +39,7 @@ def test_under_the_budget_recall_is_unchanged(tmp_path):
         query = "rare common middling usual"
         unbounded = MemoryEngine(bounded.config.model_copy(update={"recall_fts_budget": 0}), embedder=HashEmbedder())
         with unbounded:
-            assert bounded._bm25(query, "s", [], 100) == unbounded._bm25(query, "s", [], 100)
+            assert bounded.candidate_search.bm25(query, "s", [], 100) == unbounded.candidate_search.bm25(query, "s", [], 100)
             assert bounded.recall(query, session_id="s")["memories"] == unbounded.recall(query, session_id="s")["memories"]
 
 
@@ -54,7 +54,7 @@ def test_session_search_is_the_joined_search(tmp_path):
         engine.save(["apple pear only"], session_id="d")  # a session saved in one call: its range is its own
         for session in ("a", "b", "c", "d"):
             for query in ("apple", "pear note", "apple 3"):
-                plain = engine._bm25_hits(bounded_match(engine.store, query, 0), [], session, None, [], None, 100)
-                assert engine._bm25(query, session, [], 100) == plain
+                plain = engine.candidate_search.bm25_hits(bounded_match(engine.store, query, 0), [], session, None, [], None, 100)
+                assert engine.candidate_search.bm25(query, session, [], 100) == plain
                 assert plain and all(engine.get(i)["session_id"] == session for i, _ in plain)
-        assert engine._mixed_sessions == {"a"}  # b lies inside a's range, c and d do not mix
+        assert engine.candidate_search.mixed_sessions == {"a"}  # b lies inside a's range, c and d do not mix

@@ -24,7 +24,9 @@ from tinycontext.servers.http import ServeSettings, background, mcp_app, rest_ap
 from tinycontext.servers.manage import VIEWS
 from tinycontext.servers.tools import schema_tokens
 
+from netguard import loopback_only  # noqa: F401  (fixture)
 from test_activity import run_stdio, server_env
+from test_web_tools import site, web_config  # noqa: F401  (fixture)
 
 MANAGEMENT_TOKEN = "m" * 20 + "-management-token"
 PROXY_TOKEN = "p" * 28 + "-proxy-token-for-tests"
@@ -239,3 +241,38 @@ def test_management_over_http_without_access_control_refuses_to_start(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
     assert "Refusing to serve management over HTTP" in done.stderr
+
+
+def test_real_web_calls_feed_the_page_search_and_domain_views(loopback_only, tmp_path, site):
+    """search and scrape_urls over REST against a local page and a fake SearXNG: history mode keeps their
+    counts and outcomes (no query, URL or domain in the file's bytes), content mode also the domains."""
+    from test_activity import MARKER, file_bytes
+
+    def calls(base: str) -> None:
+        scraped = httpx.post(base + "/scrape_urls", headers=as_user("dora"), timeout=120, json={
+            "items": [{"url": site.url("/rivers"), "query": f"Rhine floods {MARKER}"}, {"url": site.url("/missing")}]})
+        found = httpx.post(base + "/search", headers=as_user("dora"), timeout=60,
+                           json={"items": [{"query": f"danube {MARKER}"}]})
+        assert scraped.status_code == 200 and found.status_code == 200
+
+    operator = {"Authorization": "Bearer " + MANAGEMENT_TOKEN}
+    seen = {}
+    for mode in ("history", "content"):
+        config = web_config(tmp_path, site, activity=mode, activity_db=tmp_path / mode / "activity.db", management=True,
+                            management_token=MANAGEMENT_TOKEN, management_trusted_proxies="127.0.0.1/32",
+                            management_proxy_token=PROXY_TOKEN)
+        with background(rest_app(ServeSettings(), config)) as base:
+            calls(base)
+            seen[mode] = {path: httpx.get(base + path, headers={**operator, **as_user("dora")}).json()
+                          for path in ("/manage/my/pages", "/manage/my/searches", "/manage/domains")}
+        raw = file_bytes(config.activity_db)
+        assert (MARKER.encode() in raw) == (mode == "content") and (b"rivers" in raw) == (mode == "content")
+    history, content = seen["history"], seen["content"]
+    (page,) = history["/manage/my/pages"]["events"]
+    assert page["operation"] == "scrape_urls" and page["counts"]["outcomes"] == {"ok": 1, "http_error": 1}
+    (search,) = history["/manage/my/searches"]["events"]
+    assert search["counts"]["outcomes"] == {"ok": 1} and search["counts"]["searches.results"] >= 1
+    assert "request" not in page and "shown" not in page and history["/manage/domains"]["domains"] == []
+    domains = {d["domain"]: d for d in content["/manage/domains"]["domains"]}
+    assert domains["127.0.0.1"]["fetched"] == 1 and "en.wikipedia.org" in domains  # a fake SearXNG result
+    assert MARKER in content["/manage/my/searches"]["events"][0]["request"]["items"][0]["query"]

@@ -9,6 +9,7 @@ path, a browser session, and the errors they cause (a missing session, an empty 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -183,15 +184,19 @@ def assert_clean(everything: bytes) -> None:
 
 def check_spans(found: list, *, dense: bool) -> None:
     names = {s.name for s in found}
-    expected = {"tinycontext.save", "tinycontext.scrape", "tinycontext.scrape.fetch", "tinycontext.scrape.extract",
-                "tinycontext.scrape.chunk", "tinycontext.scrape.rank", "tinycontext.search", "tinycontext.search.backend"}
+    expected = {"tinycontext.save", "tinycontext.recall", "tinycontext.recall.bm25", "tinycontext.recall.fuse",
+                "tinycontext.recall.window", "tinycontext.recall.render", "tinycontext.scrape", "tinycontext.scrape.fetch",
+                "tinycontext.scrape.extract", "tinycontext.scrape.chunk", "tinycontext.scrape.rank", "tinycontext.search",
+                "tinycontext.search.backend"}
     if dense:
-        expected |= {"tinycontext.embed"}
+        expected |= {"tinycontext.embed", "tinycontext.recall.dense"}
     assert expected <= names, expected - names
     by_name = {}
     for s in found:
         by_name.setdefault(s.name, []).append(attributes(s))
     assert {"ok", "empty_memory"} <= {a["tinycontext.outcome"] for a in by_name["tinycontext.save"]}
+    assert {"ok", "session_not_found"} <= {a["tinycontext.outcome"] for a in by_name["tinycontext.recall"]}
+    assert any(a.get("tinycontext.results") == 1 and a.get("tinycontext.tokens", 0) > 0 for a in by_name["tinycontext.recall"])
     assert {"ok", "http_error"} <= {a["tinycontext.outcome"] for a in by_name["tinycontext.scrape.fetch"]}
     saved = [a for a in by_name["tinycontext.save"] if a["tinycontext.outcome"] == "ok"][0]
     assert saved["tinycontext.saved"] == 1 and saved["tinycontext.tokens"] > 0
@@ -201,14 +206,25 @@ def check_spans(found: list, *, dense: bool) -> None:
     failed = [s for s in found if s.name == "tinycontext.save" and attributes(s)["tinycontext.outcome"] != "ok"][0]
     assert failed.status.code == 2 and failed.status.message == "" and not failed.events  # ERROR, no description, no exception event
     # The stages are children of their operation: a page's stages run on a worker thread in the scrape's context.
+    recall_ids = {s.span_id for s in found if s.name == "tinycontext.recall"}
+    assert all(s.parent_span_id in recall_ids for s in found if s.name in ("tinycontext.recall.bm25", "tinycontext.recall.dense"))
     scrape_ids = {s.span_id for s in found if s.name == "tinycontext.scrape"}
     assert all(s.parent_span_id in scrape_ids for s in found if s.name == "tinycontext.scrape.fetch")
     fetch_traces = {s.trace_id for s in found if s.name == "tinycontext.scrape"}
     assert all(s.trace_id in fetch_traces for s in found if s.name in ("tinycontext.scrape.extract", "tinycontext.scrape.rank"))
 
 
-def check_metrics(names: set[str]) -> None:
-    assert {"tinycontext.operation.duration", "tinycontext.items", "tinycontext.tokens"} <= names
+def check_metrics(bodies: list[bytes]) -> None:
+    metrics = [m for body in bodies for r in ExportMetricsServiceRequest.FromString(body).resource_metrics
+               for s in r.scope_metrics for m in s.metrics]
+    assert {"tinycontext.operation.duration", "tinycontext.items", "tinycontext.tokens"} <= {m.name for m in metrics}
+    durations = [p for m in metrics if m.name == "tinycontext.operation.duration" for p in m.histogram.data_points]
+    assert durations and all(list(p.explicit_bounds) == list(telemetry.BUCKETS_S) for p in durations)  # seconds buckets
+    # Series are split only by the operation, its kind of count and the allow-listed labels.
+    allowed = {"tinycontext.operation", "tinycontext.kind", *(telemetry.PREFIX + label for label in telemetry.LABELS)}
+    points = durations + [p for m in metrics if m.name != "tinycontext.operation.duration" for p in m.sum.data_points]
+    assert all({a.key for a in p.attributes} <= allowed for p in points)
+    assert {"session_not_found", "ok"} <= {a.value.string_value for p in durations for a in p.attributes if a.key == "tinycontext.outcome"}
 
 
 async def call_all(session: ClientSession, site) -> None:
@@ -233,7 +249,7 @@ def test_stdio_mcp_exports_spans_and_metrics_over_http_protobuf_without_payload(
         while not receiver.bodies("/v1/metrics") and time.monotonic() < deadline:
             time.sleep(0.1)
         check_spans(spans(receiver.bodies("/v1/traces")), dense=True)
-        check_metrics(metric_names(receiver.bodies("/v1/metrics")))
+        check_metrics(receiver.bodies("/v1/metrics"))
         assert all(h.get("x-otlp-tenant") == "acme" for _, h, _ in receiver.requests)  # OTEL_EXPORTER_OTLP_HEADERS
         assert_clean(receiver.everything())
     finally:
@@ -285,7 +301,7 @@ def test_mcp_over_http_exports_over_grpc_without_payload(tmp_path, site):
     try:
         run_serve(env, work=work)
         check_spans(spans(receiver.bodies("traces")), dense=False)
-        check_metrics(metric_names(receiver.bodies("metrics")))
+        check_metrics(receiver.bodies("metrics"))
         assert all(("x-otlp-tenant", "acme") in m for _, m, _ in receiver.requests)
         assert_clean(receiver.everything())
     finally:
@@ -315,7 +331,7 @@ def test_rest_server_exports_without_payload_and_without_fastapi_request_spans(t
         if BROWSER:
             assert {"navigate"} == {attributes(s)["tinycontext.action"] for s in found if s.name == "tinycontext.browser"}
         assert all(s.name.startswith("tinycontext.") for s in found)  # FastAPI's own request spans stay off
-        check_metrics(metric_names(receiver.bodies("/v1/metrics")))
+        check_metrics(receiver.bodies("/v1/metrics"))
         assert not {n for n in metric_names(receiver.bodies("/v1/metrics")) if not n.startswith("tinycontext.")}
         assert_clean(receiver.everything())
     finally:
@@ -368,3 +384,39 @@ def test_only_allowed_attributes_and_codes_pass():
     assert telemetry.error_code(ConfigError(f"{MARK}")) == "config_error"
     assert telemetry.model_label("my-bundle", "my-bundle") == "custom"
     assert telemetry.model_label("sentence-transformers/all-MiniLM-L6-v2", "minilm") == "sentence-transformers/all-MiniLM-L6-v2"
+
+
+LIBRARY_USER = f"""
+import json, sys
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tinycontext import MemoryEngine, TinyContextConfig
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+with MemoryEngine(TinyContextConfig(memory_db_path=sys.argv[1], embedding_backend="none")) as engine:
+    with trace.get_tracer("app").start_as_current_span("app.request"):
+        engine.save(["{MARK} the library user's memory"], session_id="{MARK}-s")
+        engine.recall("{MARK} memory", session_id="{MARK}-s")
+print(json.dumps([[s.name, s.parent.span_id if s.parent else None, s.context.span_id, dict(s.attributes)] for s in exporter.get_finished_spans()]))
+"""
+
+
+def test_a_library_user_brings_their_own_provider(tmp_path):
+    """No OTEL_* variables and no server: the application's own provider receives the library's spans, as
+    children of its own span, and nothing else is set up."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TINYCONTEXT_"))}
+    done = subprocess.run([sys.executable, "-c", LIBRARY_USER, str(tmp_path / "m.db")], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    names = [name for name, *_ in found]
+    assert {"tinycontext.save", "tinycontext.recall", "tinycontext.recall.bm25", "app.request"} <= set(names)
+    app = next(span_id for name, _, span_id, _ in found if name == "app.request")
+    assert all(parent == app for name, parent, _, _ in found if name in ("tinycontext.save", "tinycontext.recall"))
+    assert MARK not in json.dumps([attributes for *_, attributes in found])
+    assert "OpenTelemetry" not in done.stderr  # the library configured nothing itself

@@ -56,12 +56,12 @@ def test_two_stage_recall_at_10_matches_exact_search(tmp_path, corpus, real_embe
     with _engine(tmp_path / "m.db", real_embedder, vector_cache_max=500) as eng:
         for start in range(0, len(memories), 1000):
             assert eng.import_memories(memories[start:start + 1000], session_id="s")["embedded"] == 0
-        got = [[i for i, _ in eng._dense(q, "s", [], 10)] for q in queries]
+        got = [[i for i, _ in eng.candidate_search.dense(q, "s", [], 10)] for q in queries]
         assert eng.index.quantized_size == len(memories) and eng.index.size == 0  # the two-stage path ran
         recall = np.mean([len(set(g) & set(_exact(eng, q, 10))) / 10 for g, q in zip(got, queries)])
         assert recall >= 0.99
         # Filters are applied inside the scan: every hit passes, and they are the filtered exact top 10.
-        filtered = [[i for i, _ in eng._dense(q, "s", ["odd"], 10)] for q in queries[:10]]
+        filtered = [[i for i, _ in eng.candidate_search.dense(q, "s", ["odd"], 10)] for q in queries[:10]]
         odd = {r[0] for r in eng.store.read("SELECT id FROM memories WHERE tags LIKE '%odd%'")}
         assert all(set(f) <= odd for f in filtered)
         assert np.mean([len(set(f) & set(_exact(eng, q, 10, "odd"))) / 10 for f, q in zip(filtered, queries)]) >= 0.99
@@ -82,7 +82,7 @@ def test_codes_follow_every_write(tmp_path, corpus, real_embedder):
         eng.delete(ids[0])
         assert ids[0] not in coded()
         eng.update(ids[5], "A completely different memory about sea turtles nesting on beaches.")
-        assert eng._dense("sea turtles nesting on beaches", "s", [], 1)[0][0] == ids[5]
+        assert eng.candidate_search.dense("sea turtles nesting on beaches", "s", [], 1)[0][0] == ids[5]
         # The packed codes of the updated memory are its new vector's.
         stored = np.frombuffer(eng.store.read("SELECT embedding FROM memory_vectors WHERE memory_id = ?", (ids[5],))[0][0], np.float32)
         packed = np.frombuffer(eng.store.read("SELECT codes FROM memory_codes WHERE memory_id = ?", (ids[5],))[0][0], np.uint8)
@@ -104,4 +104,4 @@ def test_migration_to_v7_codes_the_stored_vectors(tmp_path, corpus, real_embedde
     with _engine(path, real_embedder, vector_cache_max=10) as eng:
         assert eng.store.schema_version == 7
         assert {r[0] for r in eng.store.read("SELECT memory_id FROM memory_codes")} == set(ids)
-        assert eng._dense(memories[7]["content"], "s", [], 1)[0][0] == ids[7]
+        assert eng.candidate_search.dense(memories[7]["content"], "s", [], 1)[0][0] == ids[7]

@@ -87,7 +87,7 @@ def test_dense_equals_brute_force(filled, cache_max, session, tags):
     with MemoryEngine(_config(filled, vector_cache_max=cache_max), embedder=SpreadEmbedder()) as eng:
         for query in ("alpha bravo", "zulu tango lima"):
             for depth in (7, 100, 1000):
-                _same(eng._dense(query, session, tags, depth), _oracle(eng, query, session, tags, depth))
+                _same(eng.candidate_search.dense(query, session, tags, depth), _oracle(eng, query, session, tags, depth))
         assert (eng.index.size > 0) == (cache_max > 0)
 
 
@@ -112,7 +112,7 @@ def test_real_model_same_as_sqlite_vec(tmp_path, real_embedder):
         cached.save(texts, session_id="s")
         for query in ("who changed jobs?", "pets"):
             for session in ("s", None):
-                got, want = cached._dense(query, session, [], 20), plain._dense(query, session, [], 20)
+                got, want = cached.candidate_search.dense(query, session, [], 20), plain.candidate_search.dense(query, session, [], 20)
                 _same(got, want)
                 _same(got, _oracle(cached, query, session, [], 20))
 
@@ -120,41 +120,41 @@ def test_real_model_same_as_sqlite_vec(tmp_path, real_embedder):
 def test_own_writes_update_the_copy_in_place(tmp_path):
     with MemoryEngine(_config(tmp_path / "m.db"), embedder=SpreadEmbedder()) as eng:
         _fill(eng, 20)
-        eng._dense("warm", "a", [], 10)
+        eng.candidate_search.dense("warm", "a", [], 10)
         block = eng.index._blocks["a"]
         new = eng.save(["a fresh memory about quebec"], session_id="a")["ids"][0]
-        assert eng._dense("a fresh memory about quebec", "a", [], 1)[0][0] == new
+        assert eng.candidate_search.dense("a fresh memory about quebec", "a", [], 1)[0][0] == new
         assert eng.index._blocks["a"] is block and block.n == 21  # appended, not reloaded
 
-        target = eng._dense("alpha", "a", [], 5)[-1][0]
+        target = eng.candidate_search.dense("alpha", "a", [], 5)[-1][0]
         eng.update(target, "alpha alpha alpha")
-        assert eng._dense("alpha alpha alpha", "a", [], 1)[0] == (target, pytest.approx(1.0, abs=1e-5))
+        assert eng.candidate_search.dense("alpha alpha alpha", "a", [], 1)[0] == (target, pytest.approx(1.0, abs=1e-5))
         eng.delete(new)
-        assert new not in [h[0] for h in eng._dense("a fresh memory about quebec", "a", [], 100)]
+        assert new not in [h[0] for h in eng.candidate_search.dense("a fresh memory about quebec", "a", [], 100)]
         assert eng.index._blocks["a"] is block and block.n == 20
         for query in ("alpha", "quebec romeo"):
-            _same(eng._dense(query, "a", [], 50), _oracle(eng, query, "a", [], 50))
+            _same(eng.candidate_search.dense(query, "a", [], 50), _oracle(eng, query, "a", [], 50))
 
 
 def test_copy_across_all_sessions_follows_new_sessions(tmp_path):
     with MemoryEngine(_config(tmp_path / "m.db"), embedder=SpreadEmbedder()) as eng:
         _fill(eng, 10)
-        eng._dense("warm", None, [], 10)
+        eng.candidate_search.dense("warm", None, [], 10)
         new = eng.save(["first memory of a new session"], session_id="new")["ids"][0]
-        assert eng._dense("first memory of a new session", None, [], 1)[0][0] == new
+        assert eng.candidate_search.dense("first memory of a new session", None, [], 1)[0][0] == new
         assert eng.index._complete
 
 
 def test_failed_write_leaves_the_copy_exact(tmp_path):
     with MemoryEngine(_config(tmp_path / "m.db"), embedder=SpreadEmbedder()) as eng:
         _fill(eng, 10)
-        eng._dense("warm", "a", [], 5)
+        eng.candidate_search.dense("warm", "a", [], 5)
         with pytest.raises(RuntimeError), eng.index.write() as conn:
             conn.execute("DELETE FROM memory_vectors WHERE session_id = 'a'")
             eng.index.remove("a", 1)
             raise RuntimeError("boom")
-        _same(eng._dense("alpha", "a", [], 10), _oracle(eng, "alpha", "a", [], 10))
-        assert len(eng._dense("alpha", "a", [], 100)) == 10
+        _same(eng.candidate_search.dense("alpha", "a", [], 10), _oracle(eng, "alpha", "a", [], 10))
+        assert len(eng.candidate_search.dense("alpha", "a", [], 100)) == 10
 
 
 def test_edits_outside_write_are_refused(hash_engine):
@@ -167,14 +167,14 @@ def test_writes_by_another_connection_are_seen(tmp_path):
     with MemoryEngine(_config(path), embedder=SpreadEmbedder()) as a, MemoryEngine(_config(path), embedder=SpreadEmbedder()) as b:
         _fill(a, 20)
         for session in ("a", None):
-            a._dense("warm", session, [], 5)
+            a.candidate_search.dense("warm", session, [], 5)
             new = b.save([f"from b into {session}"], session_id="a")["ids"][0]
-            assert a._dense(f"from b into {session}", session, [], 1)[0][0] == new
+            assert a.candidate_search.dense(f"from b into {session}", session, [], 1)[0][0] == new
             b.update(new, "changed by b")
-            assert a._dense("changed by b", session, [], 1)[0] == (new, pytest.approx(1.0, abs=1e-5))
+            assert a.candidate_search.dense("changed by b", session, [], 1)[0] == (new, pytest.approx(1.0, abs=1e-5))
             b.delete(new)
-            assert new not in [h[0] for h in a._dense("changed by b", session, [], 100)]
-            _same(a._dense("alpha", session, ["t1"], 30), _oracle(a, "alpha", session, ["t1"], 30))
+            assert new not in [h[0] for h in a.candidate_search.dense("changed by b", session, [], 100)]
+            _same(a.candidate_search.dense("alpha", session, ["t1"], 30), _oracle(a, "alpha", session, ["t1"], 30))
 
 
 def test_writes_by_another_process_are_seen(tmp_path):
@@ -192,29 +192,29 @@ def test_writes_by_another_process_are_seen(tmp_path):
     """)
     with MemoryEngine(_config(path), embedder=SpreadEmbedder()) as eng:
         _fill(eng, 20)
-        assert {h[0] for h in eng._dense("warm", "a", [], 100)} >= {1, 2}
+        assert {h[0] for h in eng.candidate_search.dense("warm", "a", [], 100)} >= {1, 2}
         new = int(subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True, cwd=REPO).stdout)
-        assert eng._dense("written by another process", "a", [], 1)[0][0] == new
-        assert eng._dense("rewritten by another process", "a", [], 1)[0] == (1, pytest.approx(1.0, abs=1e-5))
-        assert 2 not in [h[0] for h in eng._dense("alpha", "a", [], 100)]
-        _same(eng._dense("alpha", "a", [], 100), _oracle(eng, "alpha", "a", [], 100))
+        assert eng.candidate_search.dense("written by another process", "a", [], 1)[0][0] == new
+        assert eng.candidate_search.dense("rewritten by another process", "a", [], 1)[0] == (1, pytest.approx(1.0, abs=1e-5))
+        assert 2 not in [h[0] for h in eng.candidate_search.dense("alpha", "a", [], 100)]
+        _same(eng.candidate_search.dense("alpha", "a", [], 100), _oracle(eng, "alpha", "a", [], 100))
 
 
 def test_reindex_and_import_drop_the_copy(tmp_path):
     with MemoryEngine(_config(tmp_path / "m.db"), embedder=SpreadEmbedder()) as eng:
         _fill(eng, 15)
-        eng._dense("warm", None, [], 5)
+        eng.candidate_search.dense("warm", None, [], 5)
         other = SpreadEmbedder(salt="v2")
         assert eng.store.bind_embedder(other.identity, reindex="auto", embed_all=other.embed_documents) == 45
         eng._embedder = other
-        _same(eng._dense("alpha", None, [], 20), _oracle(eng, "alpha", None, [], 20))
+        _same(eng.candidate_search.dense("alpha", None, [], 20), _oracle(eng, "alpha", None, [], 20))
 
         with MemoryEngine(_config(tmp_path / "src.db"), embedder=other) as src:
             src.save(["imported memory one", "imported memory two"], session_id="a")
             dump = io.StringIO()
             export_jsonl(src.store, dump)
         import_jsonl(eng, io.StringIO(dump.getvalue()))
-        hits = eng._dense("imported memory two", "a", [], 3)
+        hits = eng.candidate_search.dense("imported memory two", "a", [], 3)
         assert eng.get(hits[0][0])["content"] == "imported memory two"
         _same(hits, _oracle(eng, "imported memory two", "a", [], 3))
 
@@ -224,11 +224,11 @@ def test_sessions_over_the_limit_use_sqlite_vec(tmp_path):
         _fill(eng, 20)
         eng.save([f"extra {i}" for i in range(10)], session_id="a")  # a: 30 > 25
         for session in ("a", None, "b", "c"):
-            _same(eng._dense("alpha golf", session, ["t2"], 40), _oracle(eng, "alpha golf", session, ["t2"], 40))
+            _same(eng.candidate_search.dense("alpha golf", session, ["t2"], 40), _oracle(eng, "alpha golf", session, ["t2"], 40))
         assert list(eng.index._blocks) == ["c"]  # b was evicted to make room for c; a never fit
         eng.save([f"more {i}" for i in range(10)], session_id="c")  # grows past the limit: dropped
         assert eng.index.size == 0
-        _same(eng._dense("more 3", "c", [], 5), _oracle(eng, "more 3", "c", [], 5))
+        _same(eng.candidate_search.dense("more 3", "c", [], 5), _oracle(eng, "more 3", "c", [], 5))
 
 
 def _saves(path, embedder, batches, **config):
@@ -279,9 +279,9 @@ def test_nearest_tie_reports_the_oldest(hash_engine):
 
 def test_emptied_session_has_no_dense_hits(hash_engine):
     only = hash_engine.save(["lonely memory"], session_id="solo")["ids"][0]
-    assert hash_engine._dense("lonely memory", "solo", [], 5)[0][0] == only
+    assert hash_engine.candidate_search.dense("lonely memory", "solo", [], 5)[0][0] == only
     hash_engine.delete(only)
-    assert hash_engine._dense("lonely memory", "solo", [], 5) == []
+    assert hash_engine.candidate_search.dense("lonely memory", "solo", [], 5) == []
     assert hash_engine.recall("lonely memory", session_id="solo")["memories"] == []
 
 
@@ -298,27 +298,27 @@ def test_quantized_session_close_to_brute_force(filled, monkeypatch, tags):
         overlaps = []
         for query in ("alpha bravo", "zulu tango lima", "kilo", "mike november oscar papa"):
             for depth in (5, 20):
-                got, want = eng._dense(query, "a", tags, depth), _oracle(eng, query, "a", tags, depth)
+                got, want = eng.candidate_search.dense(query, "a", tags, depth), _oracle(eng, query, "a", tags, depth)
                 overlaps.append(_overlap(got, want))
                 exact = dict(_oracle(eng, query, "a", tags, 1000))
                 assert all(abs(score - exact[mid]) < 0.02 for mid, score in got)
                 assert [s for _, s in got] == sorted((s for _, s in got), reverse=True)
         assert np.mean(overlaps) >= 0.9
         assert eng.index.quantized_size == 150 and eng.index.size == 0
-        _same(eng._dense("alpha", None, [], 10), _oracle(eng, "alpha", None, [], 10))  # 450 > 100: sqlite-vec
+        _same(eng.candidate_search.dense("alpha", None, [], 10), _oracle(eng, "alpha", None, [], 10))  # 450 > 100: sqlite-vec
 
 
 def test_quantized_session_follows_writes(tmp_path):
     with MemoryEngine(_config(tmp_path / "m.db", vector_cache_max=10), embedder=SpreadEmbedder()) as eng:
         ids = eng.save([f"memory number {i}" for i in range(30)], session_id="s")["ids"]
-        assert eng._dense("memory number 7", "s", [], 1)[0][0] == ids[7]
+        assert eng.candidate_search.dense("memory number 7", "s", [], 1)[0][0] == ids[7]
         assert eng.index.quantized_size == 30
         new = eng.save(["a brand new memory"], session_id="s")["ids"][0]
-        assert eng.index.quantized_size == 31 and eng._dense("a brand new memory", "s", [], 1)[0][0] == new
+        assert eng.index.quantized_size == 31 and eng.candidate_search.dense("a brand new memory", "s", [], 1)[0][0] == new
         eng.update(ids[3], "rewritten completely")
-        assert eng._dense("rewritten completely", "s", [], 1)[0][0] == ids[3]
+        assert eng.candidate_search.dense("rewritten completely", "s", [], 1)[0][0] == ids[3]
         eng.delete(ids[7])
-        assert ids[7] not in [m for m, _ in eng._dense("memory number 7", "s", [], 31)]
+        assert ids[7] not in [m for m, _ in eng.candidate_search.dense("memory number 7", "s", [], 31)]
         eng.save(["Memory number 9"], session_id="s")
         assert eng.index.quantized_size == 31
         texts = ["memory number 12", "something else entirely"]

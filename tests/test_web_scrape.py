@@ -187,9 +187,11 @@ def endless(h):
         h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
 
 
-def gzip_bomb(h):
+def gzip_bomb():
+    """A ~50 KB gzip body of 50 MB. Compressed before the server starts: compressing in the handler took
+    longer than web_fetch_timeout on a loaded machine, and the outcome was the server's slowness."""
     body = gzip.compress(b"<html><body><p>" + b"A" * 50_000_000, compresslevel=9)
-    send(h, 200, body, "text/html", {"Content-Encoding": "gzip"})
+    return lambda h: send(h, 200, body, "text/html", {"Content-Encoding": "gzip"})
 
 
 def silent(h):
@@ -197,7 +199,7 @@ def silent(h):
 
 
 def test_hostile_servers_are_bounded_in_time_and_memory(loopback_only, web_config):
-    routes = {"/slow": slowloris, "/endless": endless, "/bomb": gzip_bomb, "/silent": silent,
+    routes = {"/slow": slowloris, "/endless": endless, "/bomb": gzip_bomb(), "/silent": silent,
               "/huge": lambda h: send(h, 200, b"x" * 300_000, "text/plain")}
     with LocalServer(routes) as server:
         started = time.monotonic()
@@ -339,36 +341,34 @@ def test_a_passage_whose_one_sentence_answers_moves_up():
     assert place(0.5) < 10
 
 
-def test_only_the_units_of_the_best_passages_are_embedded():
-    """Units are ranked page-wide by BM25, but only those of the scrape_unit_candidates best passages are
-    embedded (the cost of a cold page); an answering sentence outside them still lifts its passage."""
-    from tinycontext.web.rank import passages_of, rank_chunks, rank_passages
+class CountingEmbedder(HashEmbedder):
+    def __init__(self):
+        super().__init__()
+        self.documents: list[str] = []
 
-    class CountingEmbedder(HashEmbedder):
-        def __init__(self):
-            super().__init__()
-            self.documents: list[str] = []
+    def embed_documents(self, texts, progress=False):
+        self.documents += texts
+        return super().embed_documents(texts)
 
-        def embed_documents(self, texts, progress=False):
-            self.documents += texts
-            return super().embed_documents(texts)
+
+def test_only_the_units_of_passages_chosen_by_bm25_are_embedded():
+    """A page new to the embedder costs the units of a few passages, not the page twice: every unit is ranked
+    by BM25, only the units of scrape_unit_candidates passages (BM25's best passages and the owners of its best
+    units, in turn) are embedded, never the passages' own texts; a larger budget embeds more of them."""
+    from tinycontext.web.rank import rank_chunks
 
     chunks, answer = roman_bridges_page()
     config = TinyContextConfig(scrape_unit_candidates=3, scrape_neighbour_weight=0.0)
-    ids, texts, _ = passages_of(chunks)
-    best = [ids[k] for k, _ in rank_passages("roman bridges", texts, HashEmbedder(), config)[:3]]
-    assert chunks[answer].passage not in best
-
     embedder = CountingEmbedder()
     order = [i for i, _ in rank_chunks("roman bridges", chunks, embedder, config)]
-    units = embedder.documents[len(texts):]  # after the passages themselves
-    assert embedder.documents[:len(texts)] == texts
-    mine = [c for c in chunks if c.passage in best]
-    assert len(units) == sum(len(c.units) for c in mine) < sum(len(c.units) for c in chunks)
-    assert all(any(unit.split("\n", 1)[1] in c.text for c in mine) for unit in units)
-    passages_alone = [i for i, _ in rank_chunks("roman bridges", chunks, HashEmbedder(),
-                                                 config.model_copy(update={"scrape_unit_weight": 0.0}))]
-    assert order.index(answer) < passages_alone.index(answer)  # its sentence still counts, by BM25
+    owners = {next(c.passage for c in chunks if text.split("\n", 1)[1] in c.text) for text in embedder.documents}
+    assert len(owners) == 3 and chunks[answer].passage in owners  # its sentence is BM25's best unit
+    assert len(embedder.documents) == sum(len(c.units) for c in chunks if c.passage in owners)
+    assert all(text.startswith("Europe > ") for text in embedder.documents)  # units read with their heading path
+    assert order.index(answer) < 3
+    wide = CountingEmbedder()
+    rank_chunks("roman bridges", chunks, wide, config, budget=2 * config.scrape_passage_tokens)
+    assert len(wide.documents) > len(embedder.documents)
 
 
 def test_links_that_share_no_word_with_the_query_are_left_out(loopback_only, web_config):
@@ -411,7 +411,10 @@ def big_page(size: int = 4_900_000) -> bytes:
     """A long article (one paragraph after another) of about ``size`` bytes, under web_max_bytes."""
     words = "river delta barge grain port city bridge water valley mountain snow trade route canal lock ferry".split()
     paragraph = lambda i: "<p>" + " ".join(words[(i * 7 + j) % len(words)] for j in range(120)) + f" number {i}.</p>\n"  # noqa: E731
-    paragraphs = [paragraph(i) for i in range(size // 900)]
+    paragraphs, total = [], 0
+    while total < size - 200:
+        paragraphs.append(paragraph(len(paragraphs)))
+        total += len(paragraphs[-1])
     paragraphs[10] = "<p>The flood reached the river mouth in May, and the harbour closed for a week.</p>\n"
     return ("<html><head><title>Big</title></head><body><main><article><h1>Big page</h1>" + "".join(paragraphs)
             + "</article></main></body></html>").encode()
@@ -429,6 +432,9 @@ class BlockedEmbedder(HashEmbedder):
     def embed(self, texts, kind="document", progress=False):
         self.release.wait(60)
         return super().embed(texts, kind, progress)
+
+    def embed_query(self, text):  # one call that cannot be cut short: only the item's hard deadline ends it
+        return self.embed([text], "query")[0]
 
 
 def test_a_huge_page_is_read_up_to_the_caps_and_within_the_item_deadline(loopback_only, tmp_path):
@@ -452,3 +458,72 @@ def test_a_huge_page_is_read_up_to_the_caps_and_within_the_item_deadline(loopbac
             blocked.release.set()
     (result,) = late["results"]
     assert result["outcome"] == "timeout" and "web_item_timeout=1" in result["detail"]
+
+
+class SlowEmbedder(HashEmbedder):
+    """Every call to embed documents takes ``seconds``: a model on a machine far too busy for the page."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds, self.calls = seconds, 0
+
+    def embed_documents(self, texts, progress=False):
+        self.calls += 1
+        time.sleep(self.seconds)
+        return super().embed_documents(texts)
+
+
+def test_embedding_stops_at_the_soft_deadline_and_the_page_is_ranked_by_keywords(loopback_only, tmp_path):
+    """Embedding every candidate would take 5 x 1.5 s, past web_item_timeout (4 s): embedding stops at 80% of
+    it, the passages come back ranked by BM25 where no vector was made, and the answer says so."""
+    from tinycontext.web.rank import EMBED_SLICE
+
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", allow_private_hosts=True, web_item_timeout=4.0,
+                               scrape_unit_candidates=100_000)
+    slow = SlowEmbedder(1.5)
+    with LocalServer({"/big": html(big_page(400_000))}) as server:
+        item = {"url": server.url("/big"), "query": "when did the flood reach the river mouth"}
+        answer = scrape_urls([item], 800, order="rank", config=config, embedder=slow)
+    (result,) = answer["results"]
+    assert result["outcome"] == "ok" and "ranked partly by keywords" in result["note"], result
+    assert "The flood reached the river mouth in May" in result["passages"][0]["text"]
+    # ~500 paragraphs of one unit each, embedded EMBED_SLICE at a time: at most 3 slices start before 3.2 s.
+    assert 1 <= slow.calls <= 3 and slow.calls * EMBED_SLICE < 400_000 // 800
+    assert fits(answer, 800)
+
+
+def test_a_5_mb_page_answers_within_web_item_timeout(loopback_only, tmp_path):
+    """The 4.9 MB page under web_max_bytes, default caps and deadline, the suite's embedder (MiniLM with
+    TINYCONTEXT_TEST_EMBEDDER=minilm): its best passages, or a typed timeout, within web_item_timeout
+    (figures: notes/scrape_bounds.md)."""
+    from conftest import suite_embedder
+
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", allow_private_hosts=True, web_max_bytes=5_000_000)
+    body = big_page()
+    assert 4_800_000 < len(body) < config.web_max_bytes
+    with LocalServer({"/big": html(body)}) as server:
+        item = {"url": server.url("/big"), "query": "when did the flood reach the river mouth"}
+        started = time.monotonic()
+        answer = scrape_urls([item], 1000, config=config, embedder=suite_embedder())
+        elapsed = time.monotonic() - started
+    (result,) = answer["results"]
+    assert result["outcome"] in ("ok", "timeout"), result
+    if result["outcome"] == "ok":
+        assert "scrape_max_chars" in result["note"]
+        assert any("The flood reached the river mouth in May" in p["text"] for p in result["passages"])
+    assert elapsed < config.web_item_timeout + 2  # the deadline holds inside every stage (a loaded CI: +2 s)
+    assert fits(answer, 1000)
+
+
+def test_links_are_not_embedded_when_the_budget_leaves_them_no_room(loopback_only, web_config):
+    """Below LINKS_FROM_TOKENS an answer carries no links, so a cold page does not pay to embed them."""
+    from tinycontext.web.present import LINKS_FROM_TOKENS
+
+    item = {"url": "", "query": "a cruise down the Danube from Vienna"}
+    seen = {}
+    with LocalServer({"/rivers": html(ARTICLE)}) as server:
+        for budget in (LINKS_FROM_TOKENS // 2, LINKS_FROM_TOKENS):
+            embedder = CountingEmbedder()
+            answer = scrape_urls([{**item, "url": server.url("/rivers")}], budget, config=web_config, embedder=embedder)
+            seen[budget] = any("/danube-cruise" in text for text in embedder.documents), "links" in answer["results"][0]
+    assert seen == {LINKS_FROM_TOKENS // 2: (False, False), LINKS_FROM_TOKENS: (True, True)}

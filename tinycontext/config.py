@@ -202,10 +202,10 @@ class TinyContextConfig(BaseModel):
     # A ranked passage also gains this share of the score of its best paragraph or sentence (read with its
     # heading path) ranked among all the page's; 0: passages are scored whole only (and units are not embedded).
     scrape_unit_weight: float = Field(0.5, ge=0.0, le=2.0)
-    # Only the units of this many best-ranked passages of a page are embedded (all its units are ranked by
-    # BM25, which is cheap): more than fit in the default scrape budget, so a long page never seen before
-    # costs little more than its passages.
-    scrape_unit_candidates: int = Field(32, ge=0)
+    # Only the units of this many passages of a page, those BM25 ranks best, are embedded (more when the
+    # budget holds more: 4 per passage that fits); every unit is ranked by BM25, which is cheap. A page
+    # never seen before costs a fraction of its text to embed, not all of it.
+    scrape_unit_candidates: int = Field(12, ge=0)
     # A PDF is read up to this many pages (its bytes are bounded by web_max_bytes).
     scrape_pdf_max_pages: int = Field(200, ge=1, le=10_000)
     # How scrape_urls fetches: plain HTTP, the browser (pages built by scripts), or auto (HTTP, then the

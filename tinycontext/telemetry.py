@@ -33,13 +33,16 @@ except ImportError:  # the otel extra is not installed: nothing is recorded
 PREFIX = "tinycontext."
 # Text-valued attributes (low cardinality, never caller input) and, for metrics, the ones that split a series.
 LABELS = ("outcome", "stage", "backend", "model", "action", "role", "mode", "transport")
-# Counts (integers) a span may carry; each is also added to the ``tinycontext.items`` counter by kind.
+# Counts (integers) a span may carry. Those in COUNTED, on an operation (not a stage: no "." in its name),
+# are also added to the ``tinycontext.items`` counter by kind; each counter call costs (a few per operation).
 COUNTS = ("items", "memories", "saved", "skipped", "near_duplicates", "results", "candidates", "texts", "batches",
           "pages", "passages", "chunks", "bytes", "below_floor", "below_cliff")
+COUNTED = ("saved", "skipped", "results", "texts", "pages")
 # Other numbers a span may carry (``tokens`` also feeds the ``tinycontext.tokens`` counter).
 NUMBERS = ("tokens", "max_tokens", "status", "dimensions", "truncated", "cached")
 ATTRIBUTES = frozenset(LABELS + COUNTS + NUMBERS)
 # A label value: a code or a model name such as "sentence-transformers/all-MiniLM-L6-v2" or "openai:nomic-embed-text".
+BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30)
 _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,99}$")
 
 
@@ -84,8 +87,10 @@ if _trace is not None:
     _tracer = _trace.get_tracer("tinycontext", __version__)
     _meter = _metrics.get_meter("tinycontext", __version__)
     # Instruments on the API's proxy meter start recording once a provider is set (before: no-ops).
+    # Seconds, bucketed as the semantic conventions advise for durations (the SDK's default buckets are for ms).
     _duration = _meter.create_histogram("tinycontext.operation.duration", unit="s",
-                                        description="Duration of TinyContext operations and stages, by outcome")
+                                        description="Duration of TinyContext operations and stages, by outcome",
+                                        explicit_bucket_boundaries_advisory=BUCKETS_S)
     _items = _meter.create_counter("tinycontext.items", unit="{item}",
                                    description="What operations handled: memories saved, results, pages, texts embedded...")
     _tokens = _meter.create_counter("tinycontext.tokens", unit="{token}",
@@ -140,11 +145,12 @@ def operation(name: str, **attributes) -> Iterator[Operation]:
                 op.span.set_attribute(PREFIX + "outcome", op.values["outcome"])
             labels = {PREFIX + "operation": name, **{PREFIX + k: op.values[k] for k in LABELS if k in op.values}}
             _duration.record(time.perf_counter() - started, labels)
-            for kind in COUNTS:
-                if isinstance(op.values.get(kind), int) and op.values[kind] > 0:
-                    _items.add(op.values[kind], {PREFIX + "operation": name, PREFIX + "kind": kind})
-            if isinstance(op.values.get("tokens"), int) and op.values["tokens"] > 0:
-                _tokens.add(op.values["tokens"], {PREFIX + "operation": name})
+            if "." not in name:
+                for kind in COUNTED:
+                    if op.values.get(kind, 0) > 0:
+                        _items.add(op.values[kind], {PREFIX + "operation": name, PREFIX + "kind": kind})
+                if op.values.get("tokens", 0) > 0:
+                    _tokens.add(op.values["tokens"], {PREFIX + "operation": name})
 
 
 def model_label(name: str, path_name: str | None = None) -> str:

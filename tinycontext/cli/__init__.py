@@ -1,1 +1,2 @@
-"""The ``tinycontext`` command (:mod:`.commands`) and its ``doctor`` checks (:mod:`.doctor`): thin over the library."""
+"""The ``tinycontext`` command (:mod:`.commands`, its shared helpers in :mod:`.common`) and its ``doctor`` checks
+(:mod:`.doctor`): thin over the library."""

@@ -30,7 +30,7 @@ from ..config import (
     unknown_variables,
 )
 from ..budget.render import plural
-from ..errors import ModelMismatchError, StorageError, TinyContextError
+from ..errors import MissingExtraError, ModelMismatchError, StorageError, TinyContextError
 
 TEST_SENTENCE = "TinyContext doctor test sentence."
 
@@ -201,6 +201,34 @@ class Doctor:
             summary += f"; off: {', '.join(off)} (set tools, e.g. TINYCONTEXT_TOOLS=memory,manage, or all)"
         return summary, {"tools": [t.name for t in listed], "capabilities": sorted(on), "schema_tokens": cost}
 
+    def telemetry(self):
+        from ..servers import otel
+
+        asked = otel.wanted()
+        if not asked:
+            return "off (set OTEL_EXPORTER_OTLP_ENDPOINT to export; see docs/telemetry.md)", {"signals": {}}
+        for protocol in set(asked.values()):
+            otel._exporters(protocol)  # the otel extra, and this protocol's exporter, are installed
+        return ("the servers export " + ", ".join(f"{s} over OTLP {p}" for s, p in asked.items())
+                + " (counts, durations, outcomes; never payloads)"), {"signals": asked}
+
+    def proxies(self):
+        if not self.config.proxy_server:
+            return "none: the fetcher, browser and search connect directly", {"proxies": []}
+        from ..web.proxies import Proxies
+
+        upstreams = Proxies(self.config).upstreams
+        if any(u.scheme == "socks5" for u in upstreams):
+            try:
+                import socksio  # noqa: F401
+            except ImportError as exc:
+                raise MissingExtraError("socks5:// proxies need socksio: pip install 'tinycontext[web]'.") from exc
+        urls = [u.url for u in upstreams]
+        credentials = "with credentials" if self.config.proxy_username else "without credentials"
+        bypass = ", ".join(self.config.proxy_bypass) or "nothing"
+        return (f"{len(urls)} upstream {'proxy' if len(urls) == 1 else 'proxies, in turn'} ({', '.join(urls)}), {credentials}; "
+                f"bypassed: {bypass}"), {"proxies": urls, "bypass": list(self.config.proxy_bypass)}
+
     def run(self) -> dict:
         self.check("python", self.python)
         self.check("config", self.config_check)
@@ -213,6 +241,8 @@ class Doctor:
         self.check("database", self.database, needs=self.config)
         self.check("browser", self.browser, needs=self.config)
         self.check("mcp tools", self.tools, needs=self.config)
+        self.check("telemetry", self.telemetry)
+        self.check("proxies", self.proxies, needs=self.config)
         config = self.config
         return {
             "ok": all(c["ok"] for c in self.checks),

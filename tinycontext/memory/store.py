@@ -56,6 +56,14 @@ def row_to_memory(row) -> dict:
     }
 
 
+def read_memories(store: "Store", ids: list[int]) -> dict[int, dict]:
+    """The memories with these ids (those that exist), by id."""
+    if not ids:
+        return {}
+    rows = store.read(f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),))
+    return {r[0]: row_to_memory(r) for r in rows}
+
+
 class Store:
     """One SQLite file. Writes go through one connection guarded by a lock, shared by the process's
     threads; reads (:meth:`read`) use a pool of up to ``readers`` read-only connections, which under

@@ -52,8 +52,8 @@ NEAREST_CHUNK = 16_000_000
 # Rows fetched from sqlite-vec per slice when loading.
 LOAD_SLICE = 8192
 # Quantised sessions: candidates the Hamming stage keeps for int8 rescoring (at least RESCORE_MIN,
-# RESCORE_PER_HIT per requested hit); chosen for recall@10 >= 0.99 against exact search at 100k-10M
-# (1M, 100 fresh queries: 1000 -> 0.966, 2000 -> 0.979, 4000 -> 0.990; notes/bench_scale.md).
+# RESCORE_PER_HIT per requested hit); chosen so that recall@10 stays near exact search at 100k-10M
+# memories (the sweep: notes/bench_scale.md).
 RESCORE_MIN = 4000
 RESCORE_PER_HIT = 10
 
@@ -336,7 +336,7 @@ class VectorIndex:
             count = self.store.conn.execute("SELECT count(*) FROM memories").fetchone()[0]
             if count > self.max_vectors:
                 return None
-            # vec0 is slow to return its partition column (~10 us a row): sessions come from memories.
+            # vec0 is slow to return its partition column (notes/design_figures.md): sessions come from memories.
             session_of = dict(self.store.conn.execute("SELECT id, session_id FROM memories").fetchall()).get
             self.clear()
             self._blocks.update(self._read("", (), session_of))

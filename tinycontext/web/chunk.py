@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from ..budget.tokens import TokenCounter
+from .deadline import Deadline
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _FENCE = re.compile(r"^\s*(```|~~~)")
@@ -182,14 +183,16 @@ def _items(markdown: str, block: _Block) -> list[tuple[int, int]]:
 
 
 def chunk_markdown(markdown: str, counter: TokenCounter, *, max_tokens: int = 256,
-                   passage_tokens: int = 160) -> list[Chunk]:
-    """The page's units in page order (see the module docstring)."""
+                   passage_tokens: int = 160, deadline: Deadline | None = None) -> list[Chunk]:
+    """The page's units in page order (see the module docstring); TimeoutError past the ``deadline``."""
     chunks: list[Chunk] = []
     path: list[tuple[int, str]] = []
     cur_path: tuple[str, ...] = ()
     section_start = True  # the next chunk starts a section (no gap, a new passage)
     passage, passage_fill = -1, passage_tokens
     for block in _blocks(markdown):
+        if deadline is not None:
+            deadline.check()
         if block.heading is not None:
             level, text = block.heading
             path = [(lv, t) for lv, t in path if lv < level] + [(level, text)]

@@ -14,6 +14,7 @@ import lxml.html
 import trafilatura
 from lxml import etree
 
+from .deadline import Deadline
 from .fetch import HTML_TYPES, PDF_TYPES, FetchResult
 from .pages import ExtractedPage, Link
 from .pdf import extract_pdf
@@ -139,19 +140,24 @@ def _cut_after(tree, limit: int) -> bool:
     return False
 
 
-def extract_html(html: str, url: str, *, max_chars: int | None = None) -> ExtractedPage:
+def extract_html(html: str, url: str, *, max_chars: int | None = None, deadline: Deadline | None = None) -> ExtractedPage:
     """Main content as Markdown (headings, lists, tables, code kept), the title and the links; with
-    ``max_chars``, only the part of the page holding the first twice that many characters of text is read."""
+    ``max_chars``, only the part of the page holding the first twice that many characters of text is read.
+    TimeoutError past the ``deadline`` (checked between steps; each is bounded by the caps)."""
+    check = deadline.check if deadline is not None else lambda: None
     try:
         tree = lxml.html.document_fromstring(html)
     except (etree.ParserError, ValueError):
         return ExtractedPage(url, "", "")
+    check()
     for bad in tree.xpath("//script|//style|//noscript|//template"):
         bad.drop_tree()
     title = _title_from(tree)
     links = _links(tree, url)
     cut = max_chars is not None and _cut_after(tree, 2 * max_chars)  # twice: boilerplate is dropped later
+    check()
     _drop_action_bars(tree)
+    check()
     # favor_recall: on the saved pages in tests/fixtures/web it keeps short list items that the
     # default drops, with no more boilerplate (scripts/web_extraction_compare.py).
     markdown = trafilatura.extract(tree, url=url, output_format="markdown", include_tables=True, favor_recall=True,
@@ -160,15 +166,16 @@ def extract_html(html: str, url: str, *, max_chars: int | None = None) -> Extrac
     return ExtractedPage(url, title, markdown.strip(), links, cut)
 
 
-def extract_page(result: FetchResult, *, pdf_max_pages: int = 200, max_chars: int | None = None) -> ExtractedPage:
+def extract_page(result: FetchResult, *, pdf_max_pages: int = 200, max_chars: int | None = None,
+                 deadline: Deadline | None = None) -> ExtractedPage:
     """The page a successful fetch holds (HTML through trafilatura, PDF through
     :mod:`tinycontext.web.pdf`, at most ``pdf_max_pages`` pages; plain text as it is), its text
-    at most ``max_chars`` characters (``cut`` says when it was cut)."""
+    at most ``max_chars`` characters (``cut`` says when it was cut); TimeoutError past the ``deadline``."""
     url = result.final_url or result.url
     if result.content_type in PDF_TYPES:
-        page = extract_pdf(result.body, url, max_pages=pdf_max_pages)
+        page = extract_pdf(result.body, url, max_pages=pdf_max_pages, deadline=deadline)
     elif result.content_type in HTML_TYPES:
-        page = extract_html(decode_body(result.body, result.charset), url, max_chars=max_chars)
+        page = extract_html(decode_body(result.body, result.charset), url, max_chars=max_chars, deadline=deadline)
     else:
         text = decode_body(result.body, result.charset, html=False).replace("\r\n", "\n").replace("\x00", "").strip()
         page = ExtractedPage(url, text.split("\n", 1)[0][:120].strip() if text else "", text)

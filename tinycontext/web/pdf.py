@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pypdf import PdfReader
 from pypdf.errors import PyPdfError
 
+from .deadline import Deadline
 from .pages import ExtractedPage
 
 log = logging.getLogger(__name__)
@@ -140,15 +141,19 @@ def pdf_to_markdown(lines: list[_Line], pages: int) -> tuple[str, str]:
     return "\n\n".join(blocks), first_heading
 
 
-def extract_pdf(body: bytes, url: str, *, max_pages: int):
+def extract_pdf(body: bytes, url: str, *, max_pages: int, deadline: Deadline | None = None):
     """The :class:`~tinycontext.web.extract.ExtractedPage` of a PDF's first ``max_pages`` pages
-    (empty when it cannot be read: encrypted, damaged)."""
+    (empty when it cannot be read: encrypted, damaged); TimeoutError past the ``deadline`` (checked per page)."""
     try:
         reader = PdfReader(io.BytesIO(body))
         if reader.is_encrypted and not reader.decrypt(""):
             return ExtractedPage(url, "", "")
         count = min(len(reader.pages), max_pages)
-        lines = [line for number in range(count) for line in _page_lines(reader.pages[number], number)]
+        lines = []
+        for number in range(count):
+            if deadline is not None:
+                deadline.check()
+            lines += _page_lines(reader.pages[number], number)
         meta_title = (reader.metadata.title or "").strip() if reader.metadata else ""
     except (PyPdfError, ValueError, KeyError, TypeError, OSError, RecursionError) as exc:
         log.info("unreadable PDF %s: %s", url, exc)

@@ -11,6 +11,10 @@ counts even in a passage about something else, and a sentence whose topic is onl
 
 from __future__ import annotations
 
+import itertools
+import math
+import time
+from collections import Counter
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -18,9 +22,18 @@ import numpy as np
 from ..config import TinyContextConfig
 from ..retrieval.fusion import fts_query, fuse
 from ..sqlite import sqlite_driver
+from .deadline import Deadline
 
 if TYPE_CHECKING:
     from .chunk import Chunk
+
+# Texts per call to the embedder: the deadline is checked between calls (the embedder's own batches run in
+# parallel inside one).
+EMBED_SLICE = 64
+# Passages embedded per passage the item's share of the budget holds (at least scrape_unit_candidates): a
+# passage BM25 ranks low reaches a large budget by its vector only if it was embedded (LoCoMo dev at 2,000
+# tokens: .863 with 24 candidates, .907 with 48; notes/web_evidence.md).
+CANDIDATES_PER_FIT = 4
 
 
 def bm25_ranking(query: str, texts: Sequence[str]) -> list[tuple[int, float]]:
@@ -49,19 +62,31 @@ def dense_ranking(query_vector: np.ndarray, vectors: np.ndarray) -> list[tuple[i
 
 
 def rank_passages(query: str, texts: Sequence[str], embedder, config: TinyContextConfig,
-                  embed: Sequence[int] | None = None) -> list[tuple[int, float]]:
+                  deadline: Deadline | None = None) -> list[tuple[int, float]]:
     """(position, fused score) of every passage, best first, as recall would rank them (BM25 alone
-    without an embedder). ``embed``: the positions whose texts are embedded (default: all); the
-    others are ranked by BM25 alone."""
+    without an embedder; texts not embedded by the ``deadline``'s soft limit by BM25 alone too)."""
     weight = config.recall_dense_weight if embedder is not None else 0.0
-    bm25 = bm25_ranking(query, texts) if weight < 1.0 else []
     dense = []
-    positions = range(len(texts)) if embed is None else list(embed)
-    if weight > 0.0 and positions:
-        vectors = np.asarray(embedder.embed_documents([texts[i] for i in positions]), dtype=np.float32)
+    if weight > 0.0 and texts:
         query_vector = np.asarray(embedder.embed_query(query), dtype=np.float32)
-        dense = [(positions[j], score) for j, score in dense_ranking(query_vector, vectors)]
-    return [(c.id, c.rrf) for c in fuse(bm25, dense, dense_weight=weight, k=config.recall_rrf_k)]
+        dense = dense_ranking(query_vector, embed_until(embedder, texts, deadline))
+    return _fused(bm25_ranking(query, texts), dense, weight, config)
+
+
+def embed_until(embedder, texts: Sequence[str], deadline: Deadline | None) -> np.ndarray:
+    """Vectors of the first texts, embedded in slices while the next slice, taking as long as the last one,
+    ends before the deadline's soft limit: all of them unless a page's ranking would outrun its item's
+    time (then ``deadline.cut`` is set)."""
+    done = []
+    last = 0.0
+    for begin in range(0, len(texts), EMBED_SLICE):
+        started = time.monotonic()
+        if deadline is not None and deadline.soft_passed(after=last):
+            deadline.cut = True
+            break
+        done.append(np.asarray(embedder.embed_documents(list(texts[begin:begin + EMBED_SLICE])), dtype=np.float32))
+        last = time.monotonic() - started
+    return np.concatenate(done) if done else np.zeros((0, 1), dtype=np.float32)
 
 
 def passages_of(chunks: Sequence[Chunk]) -> tuple[list[int], list[str], list[tuple[str, ...]]]:
@@ -74,27 +99,83 @@ def passages_of(chunks: Sequence[Chunk]) -> tuple[list[int], list[str], list[tup
     return ids, ["\n\n".join(c.text for c in members[p]) for p in ids], [members[p][0].heading_path for p in ids]
 
 
-def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyContextConfig) -> list[tuple[int, float]]:
+def _fused(bm25: list[tuple[int, float]], dense: list[tuple[int, float]], weight: float,
+           config: TinyContextConfig) -> list[tuple[int, float]]:
+    return [(c.id, c.rrf) for c in fuse(bm25, dense, dense_weight=weight, k=config.recall_rrf_k)]
+
+
+def candidate_passages(bm25_passages: Sequence[tuple[int, float]], unit_passages: Sequence[int],
+                       sections: Sequence, n: int) -> list[int]:
+    """The ``n`` passages (positions) whose units are embedded: those BM25 ranks best as passages and as
+    the owners of the best units, taken in turn; then their same-section neighbours (the neighbour boost
+    reads them), then the page's first passages (a query no word of which is on the page)."""
+    picked: dict[int, None] = {}
+    for pair in itertools.zip_longest([k for k, _ in bm25_passages], unit_passages):
+        for k in pair:
+            if k is not None and len(picked) < n:
+                picked.setdefault(k)
+    for k in list(picked):
+        for near in (k - 1, k + 1):
+            if len(picked) < n and 0 <= near < len(sections) and sections[near] == sections[k]:
+                picked.setdefault(near)
+    for k in range(len(sections)):
+        if len(picked) >= n:
+            break
+        picked.setdefault(k)
+    return list(picked)
+
+
+def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyContextConfig,
+                deadline: Deadline | None = None, budget: int | None = None) -> list[tuple[int, float]]:
     """(position, score) of the chunks (the page's units), best first: the fused score of its passage (after
     the neighbour boost) plus ``scrape_unit_weight`` times the fused score of its best unit among all the
     page's units.
 
-    Units are ranked page-wide by BM25, but only those of the ``scrape_unit_candidates`` best passages
-    are embedded: a passage far down the page's order is rarely lifted into what fits, and embedding every
-    unit of a long page costs more than its passages."""
+    Every passage and unit is ranked by BM25 (cheap); only the units of the passages chosen by BM25
+    (:func:`candidate_passages`: ``scrape_unit_candidates``, or CANDIDATES_PER_FIT per passage that the
+    item's ``budget`` holds when that is more) are embedded, and a passage's vector is the
+    mean of its units' (a page new to the embedder costs a fraction of its text, not twice it). The
+    others keep their BM25 share of the fused scores. Embedding stops at the ``deadline``'s soft
+    limit: what was embedded by then is used."""
     if not chunks:
         return []
     ids, texts, sections = passages_of(chunks)
-    passages = boost_neighbours(rank_passages(query, texts, embedder, config), sections, config.scrape_neighbour_weight)
+    where = {p: k for k, p in enumerate(ids)}
+    owners = [i for i, c in enumerate(chunks) for _ in c.units]
+    unit_passage = [where[chunks[i].passage] for i in owners]
+    unit_texts = [" > ".join(c.heading_path) + "\n" + c.text[s - c.start:e - c.start] if c.heading_path
+                  else c.text[s - c.start:e - c.start] for c in chunks for s, e in c.units]
+    weight = config.recall_dense_weight if embedder is not None else 0.0
+    bm25_passages = bm25_ranking(query, texts)
+    bm25_units = bm25_ranking(query, unit_texts)
+    dense_passages: list[tuple[int, float]] = []
+    dense_units: list[tuple[int, float]] = []
+    if weight > 0.0:
+        depth = config.scrape_unit_candidates
+        if budget is not None:
+            depth = max(depth, math.ceil(CANDIDATES_PER_FIT * budget / config.scrape_passage_tokens))
+        chosen = set(candidate_passages(bm25_passages, [unit_passage[u] for u, _ in bm25_units], sections, depth))
+        embed = [u for u, k in enumerate(unit_passage) if k in chosen]
+        query_vector = np.asarray(embedder.embed_query(query), dtype=np.float32)
+        vectors = embed_until(embedder, [unit_texts[u] for u in embed], deadline)
+        embed = embed[:len(vectors)]
+        if embed:
+            dense_units = [(embed[j], score) for j, score in dense_ranking(query_vector, vectors)]
+            members: dict[int, list[int]] = {}
+            for j, u in enumerate(embed):
+                members.setdefault(unit_passage[u], []).append(j)
+            counts = Counter(unit_passage)
+            whole = [k for k, rows in members.items() if len(rows) == counts[k]]  # a passage cut by the clock has none
+            if whole:
+                means = np.stack([vectors[members[k]].mean(axis=0) for k in whole])
+                means /= np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
+                dense_passages = [(whole[j], score) for j, score in dense_ranking(query_vector, means)]
+    passages = boost_neighbours(_fused(bm25_passages, dense_passages, weight, config), sections,
+                                config.scrape_neighbour_weight)
     context = {ids[k]: score for k, score in passages}
     best: dict[int, float] = {}
     if config.scrape_unit_weight > 0.0:
-        candidates = {ids[k] for k, _ in passages[:config.scrape_unit_candidates]}
-        owners = [i for i, c in enumerate(chunks) for _ in c.units]
-        unit_texts = [" > ".join(c.heading_path) + "\n" + c.text[s - c.start:e - c.start] if c.heading_path
-                      else c.text[s - c.start:e - c.start] for c in chunks for s, e in c.units]
-        embed = [u for u, owner in enumerate(owners) if chunks[owner].passage in candidates]
-        for unit, unit_score in rank_passages(query, unit_texts, embedder, config, embed=embed):
+        for unit, unit_score in _fused(bm25_units, dense_units, weight, config):
             best[owners[unit]] = max(best.get(owners[unit], 0.0), unit_score)
     score = {i: context.get(c.passage, 0.0) + config.scrape_unit_weight * best.get(i, 0.0) for i, c in enumerate(chunks)}
     return sorted(score.items(), key=lambda pair: (-pair[1], pair[0]))

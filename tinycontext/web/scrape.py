@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -24,10 +23,11 @@ from ..models.backends import open_embedder
 from ..errors import InvalidInputError
 from ..budget.render import check_agent_budget
 from .chunk import chunk_markdown
+from .deadline import SOFT_SHARE, Deadline
 from .extract import extract_page
 from .fetch import Fetcher, FetchResult, HttpFetcher
 from .pages import ExtractedPage, PageResult, ScrapeItem
-from .present import scrape_page
+from .present import LINKS_FROM_TOKENS, scrape_page
 from .rank import bm25_ranking, rank_chunks, rank_passages
 
 MAX_ITEMS = 5
@@ -84,24 +84,21 @@ def embedder_for(config: TinyContextConfig):
 
 
 # Page work (extraction, chunking, ranking) runs here rather than in asyncio's default executor: a
-# page past its deadline is left to finish on its own (bounded by the caps), and asyncio.run would
+# page past its deadline is left to stop at its stage's next deadline check, and asyncio.run would
 # wait for the default executor's threads before returning.
 _EXECUTOR = ThreadPoolExecutor(max_workers=MAX_ITEMS, thread_name_prefix="tinycontext-scrape")
 
 
-def _in_time(deadline: float) -> None:
-    if time.monotonic() > deadline:
-        raise TimeoutError
-
-
 def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyContextConfig,
-             counter: TokenCounter, deadline: float = float("inf")) -> PageResult:
+             counter: TokenCounter, deadline: Deadline | None = None, budget: int | None = None,
+             links: bool = True) -> PageResult:
     if fetched.outcome != "ok":
         return PageResult(item, fetched, fetched.outcome)
+    deadline = deadline or Deadline()
     with telemetry.operation("scrape.extract", bytes=len(fetched.body)):
         page: ExtractedPage = extract_page(fetched, pdf_max_pages=config.scrape_pdf_max_pages,
-                                           max_chars=config.scrape_max_chars)
-    _in_time(deadline)
+                                           max_chars=config.scrape_max_chars, deadline=deadline)
+    deadline.check()
     markdown = page.markdown
     note = f"the page was read up to {config.scrape_max_chars} characters of text (scrape_max_chars)" if page.cut else ""
     result = PageResult(item, fetched, "ok", title=page.title, markdown_chars=len(markdown), note=note)
@@ -110,39 +107,51 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
         return result
     with telemetry.operation("scrape.chunk") as op:
         result.chunks = chunk_markdown(markdown, counter, max_tokens=config.scrape_chunk_tokens,
-                                       passage_tokens=config.scrape_passage_tokens)
+                                       passage_tokens=config.scrape_passage_tokens, deadline=deadline)
         if len(result.chunks) > config.scrape_max_chunks:
             result.chunks = result.chunks[:config.scrape_max_chunks]
             result.note = f"the page was read up to its first {config.scrape_max_chunks} units (scrape_max_chunks)"
         result.markdown_tokens = counter.count(markdown)
         op.set(chunks=len(result.chunks), tokens=result.markdown_tokens)
     result.links = page.links
-    _in_time(deadline)
+    deadline.check()
     if item.ranked:
         with telemetry.operation("scrape.rank", mode="keyword" if embedder is None else "hybrid", chunks=len(result.chunks)):
-            _rank(item, result, page, embedder, config)
+            _rank(item, result, page, embedder, config, deadline, budget, links)
+        if deadline.cut:
+            cut = (f"ranked partly by keywords alone: embedding stopped at {SOFT_SHARE:.0%} of "
+                   f"web_item_timeout={config.web_item_timeout:g} s")
+            result.note = f"{result.note}; {cut}" if result.note else cut
     return result
 
 
-def _rank(item: ScrapeItem, result: PageResult, page: ExtractedPage, embedder, config: TinyContextConfig) -> None:
-    order = rank_chunks(item.query, result.chunks, embedder, config)
+def _rank(item: ScrapeItem, result: PageResult, page: ExtractedPage, embedder, config: TinyContextConfig,
+          deadline: Deadline, budget: int | None, links: bool) -> None:
+    order = rank_chunks(item.query, result.chunks, embedder, config, deadline, budget)
     result.chunks = [result.chunks[i] for i, _ in order]
+    if not links:  # the answer will have no room for links (below LINKS_FROM_TOKENS): embedding them is waste
+        result.links = []
+        return
     # Related links share a word with the query (navigation and sidebars do not, and would eat the
     # budget); those are ranked like passages.
     texts = [f"{l.text} {l.url}" for l in page.links]
     related = [i for i, _ in bm25_ranking(item.query, texts)]
-    link_order = rank_passages(item.query, [texts[i] for i in related], embedder, config) if related else []
+    link_order = rank_passages(item.query, [texts[i] for i in related], embedder, config, deadline) if related else []
     result.links = [page.links[related[j]] for j, _ in link_order]
 
 
 async def afetch_and_rank(items: Sequence[ScrapeItem], *, config: TinyContextConfig, fetcher: Fetcher | None = None,
-                          embedder=None) -> list[PageResult]:
-    """Fetch, extract and rank every item concurrently, each within ``web_item_timeout`` seconds."""
+                          embedder=None, max_tokens: int | None = None) -> list[PageResult]:
+    """Fetch, extract and rank every item concurrently, each within ``web_item_timeout`` seconds; ranked
+    deep enough for an equal share of ``max_tokens`` (default ``scrape_max_tokens``) per item."""
     own = fetcher is None
     fetcher = fetcher or HttpFetcher(config)
     loop = asyncio.get_running_loop()
     counter = TokenCounter(config.encoding_name)
     model: asyncio.Future | None = None
+    total = config.scrape_max_tokens if max_tokens is None else max_tokens
+    share = total // max(1, len(items))
+    links = total >= LINKS_FROM_TOKENS and config.scrape_links_max_tokens > 0
 
     async def model_for_ranking():
         nonlocal model
@@ -153,7 +162,7 @@ async def afetch_and_rank(items: Sequence[ScrapeItem], *, config: TinyContextCon
         return await asyncio.shield(model)
 
     async def one(item: ScrapeItem) -> PageResult:
-        deadline = time.monotonic() + config.web_item_timeout
+        deadline = Deadline.within(config.web_item_timeout)
         fetched: FetchResult | None = None
         try:
             async with asyncio.timeout(config.web_item_timeout):
@@ -163,7 +172,7 @@ async def afetch_and_rank(items: Sequence[ScrapeItem], *, config: TinyContextCon
                 ranker = await model_for_ranking() if item.ranked and fetched.outcome == "ok" else None
                 # The page's stages run on a worker thread, in this item's context (their spans join the scrape's).
                 return await loop.run_in_executor(_EXECUTOR, contextvars.copy_context().run, _process, item, fetched, ranker,
-                                                  config, counter, deadline)
+                                                  config, counter, deadline, share, links)
         except TimeoutError:
             late = FetchResult(url=item.url, final_url=fetched.final_url if fetched else item.url, outcome="timeout",
                                status=fetched.status if fetched else None,
@@ -205,7 +214,7 @@ async def ascrape_urls(items: Any, max_tokens: int | None = None, *, order: str 
 
             fetcher = fetcher_for(backend, config)
         try:
-            pages = await afetch_and_rank(parsed, config=config, fetcher=fetcher, embedder=embedder)
+            pages = await afetch_and_rank(parsed, config=config, fetcher=fetcher, embedder=embedder, max_tokens=budget)
         finally:
             if own:
                 await fetcher.aclose()

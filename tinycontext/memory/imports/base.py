@@ -16,7 +16,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..engine import MemoryEngine, _check_session
+from ..checks import check_session
+from ..engine import MemoryEngine
 from ...errors import InvalidInputError
 from ...retrieval.filters import parse_time
 
@@ -143,7 +144,7 @@ def run(engine: MemoryEngine, items: Callable[[], Iterable], report: ImportRepor
     for item in items():
         if isinstance(item, tuple):
             try:
-                _check_session(item[1])
+                check_session(item[1])
             except InvalidInputError as exc:
                 raise bad(item[3], exc.message) from exc
         elif isinstance(item, Pending):

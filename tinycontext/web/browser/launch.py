@@ -43,7 +43,7 @@ LAUNCH_ARGS = [
     "--no-pings",
     "--dns-prefetch-disable",
     # No UDP: QUIC off, and WebRTC may use UDP only through a proxy that carries it (ours does not),
-    # so a page's RTCPeerConnection sends nothing around the guard (measured: 24 datagrams without it).
+    # so a page's RTCPeerConnection sends nothing around the guard (measured: notes/browser_network.md).
     "--disable-quic",
     "--webrtc-ip-handling-policy=disable_non_proxied_udp",
     # The browser itself never resolves a name: pages reach hosts through the proxy, which resolves

@@ -8,10 +8,9 @@ unused for ``browser_idle_seconds`` closes, and a new client waits ``browser_ses
 for a free one before a ``browser_busy`` error.
 
 Every context sends its traffic through its own :class:`GuardProxy`, so whatever a page loads
-passes the SSRF guard. The agent acts only through refs of views it has received: a click is a
-real mouse click at the element's centre (refused when something else covers it), typing is real
-key presses into the focused field; no selector, script or file path from the agent ever reaches
-the page.
+passes the SSRF guard. The agent acts only through refs of views it has received (a session's
+tabs and refs: :mod:`.session`; clicks, typing and waits on a tab: :mod:`.page`); no selector,
+script or file path from the agent ever reaches the page.
 """
 
 from __future__ import annotations
@@ -22,84 +21,24 @@ import concurrent.futures
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
 from ... import telemetry
 from ...budget.tokens import TokenCounter
 from ...config import TinyContextConfig
 from ...errors import InvalidInputError, TinyContextError
-from ...budget.render import MIN_AGENT_TOKENS, to_json
-from ..guard import BlockedURLError, Decision, Guard
+from ...budget.render import to_json
+from ..guard import Decision, Guard
 from . import launch
 from ..proxies import proxies_for
-from .proxy import BLOCK_HEADER, GuardProxy, RefuseAll
-from .snapshot import REF_RE, Node, assign_refs, build_tree, fit_lines, render, walk
+from .page import act_on, block_hint, bump, check_view_args, first_line, navigated, page_title, raise_if_refused, settle, tab_number, title_and_url
+from .proxy import GuardProxy, RefuseAll
+from .session import MAX_EVENTS, BrowserBusyError, BrowserError, Session, Tab
+from .snapshot import REF_RE, assign_refs, build_tree, fit_lines, render, walk
 
 log = logging.getLogger(__name__)
 
 ACTIONS = ("look", "click", "type", "press", "wait_for", "tabs", "switch_tab", "close")
-NEEDS_REF = {"click", "type"}
 MAX_TEXT_CHARS = 10_000
-SETTLE_S = 2.0  # longest wait for the page to go quiet after an action
-LINK_WAIT_S = 1.0  # longest wait for a clicked link to open a tab or start loading
-MAX_EVENTS = 20
-
-
-class BrowserError(TinyContextError):
-    """The browser could not do what was asked (page error, crash, timeout); the message says what."""
-
-    code = "browser_error"
-
-
-class BrowserBusyError(TinyContextError):
-    """Every browser session is taken (``browser_max_sessions``)."""
-
-    code = "browser_busy"
-
-
-@dataclass
-class Ref:
-    tab: int
-    generation: int  # the tab's document when the ref was made: a ref never outlives its page
-    backend_id: int
-    editable: bool
-    label: str
-
-
-@dataclass
-class Tab:
-    id: int
-    page: Any
-    cdp: Any = None
-    generation: int = 0
-    inflight: int = 0
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-@dataclass
-class Session:
-    key: str
-    context: Any = None
-    proxy: GuardProxy | None = None
-    tabs: dict[int, Tab] = field(default_factory=dict)
-    current: int | None = None
-    next_tab: int = 1
-    refs: dict[str, Ref] = field(default_factory=dict)
-    by_node: dict[tuple[int, int, int], str] = field(default_factory=dict)
-    next_ref: int = 1
-    seen: set[str] = field(default_factory=set)
-    events: list[str] = field(default_factory=list)
-    refused: list[Decision] = field(default_factory=list)  # the guard's refusals since the last navigate
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    last_used: float = field(default_factory=time.monotonic)
-    closed: bool = False
-
-    def note(self, event: str) -> None:
-        if len(self.events) < MAX_EVENTS:
-            self.events.append(event)
-        elif len(self.events) == MAX_EVENTS:
-            self.events.append("(more events left out)")
 
 
 class BrowserService:
@@ -203,7 +142,7 @@ class BrowserService:
                 raise
             except Exception as exc:  # noqa: BLE001 - Playwright reports launch failures as plain errors
                 where = self.config.browser_cdp_url or "the local Chromium"
-                raise BrowserError(f"Cannot start the browser ({where}): {_first_line(exc)}. Run `tinycontext doctor`.") from exc
+                raise BrowserError(f"Cannot start the browser ({where}): {first_line(exc)}. Run `tinycontext doctor`.") from exc
             self._browser.on("disconnected", self._browser_gone)
             return self._browser
 
@@ -291,13 +230,13 @@ class BrowserService:
             session.current = tab.id
         page.on("dialog", lambda dialog: asyncio.ensure_future(self._dialog(session, tab, dialog)))
         page.on("close", lambda _page: self._tab_closed(session, tab))
-        page.on("request", lambda _r: _bump(tab, 1))
-        page.on("requestfinished", lambda _r: _bump(tab, -1))
-        page.on("requestfailed", lambda _r: _bump(tab, -1))
+        page.on("request", lambda _r: bump(tab, 1))
+        page.on("requestfinished", lambda _r: bump(tab, -1))
+        page.on("requestfailed", lambda _r: bump(tab, -1))
         page.on("filechooser", lambda _chooser: session.note(f"tab {tab.id}: a file chooser opened; uploads are not supported"))
         try:
             tab.cdp = await session.context.new_cdp_session(page)
-            tab.cdp.on("Page.frameNavigated", lambda event: _navigated(tab, event))
+            tab.cdp.on("Page.frameNavigated", lambda event: navigated(tab, event))
             await tab.cdp.send("Page.enable")
             await tab.cdp.send("DOM.enable")
             await tab.cdp.send("Accessibility.enable")
@@ -350,7 +289,7 @@ class BrowserService:
 
     async def navigate(self, key: str, *, url: str, find: str | None = None, depth: int | None = None,
                        max_tokens: int | None = None) -> dict:
-        _check_view_args(find, depth, max_tokens)
+        check_view_args(find, depth, max_tokens)
         decision = await self.guard.adecide(url)
         if not decision.allowed:
             raise decision.error()
@@ -363,22 +302,22 @@ class BrowserService:
                 session.current = tab.id
             session.refused.clear()
             try:
-                _raise_if_refused(session, await tab.page.goto(url, wait_until="load"))
+                raise_if_refused(session, await tab.page.goto(url, wait_until="load"))
             except TinyContextError:
                 raise
             except Exception as exc:  # noqa: BLE001 - Playwright errors carry net:: codes and timeouts
                 if "Timeout" not in type(exc).__name__:
-                    _raise_if_refused(session, None, exc)
-                    raise BrowserError(f"Cannot open {url}: {_first_line(exc)}" + _block_hint(session)) from exc
+                    raise_if_refused(session, None, exc)
+                    raise BrowserError(f"Cannot open {url}: {first_line(exc)}" + block_hint(session)) from exc
                 session.note(f"the page did not finish loading within {self.config.browser_timeout_seconds:g} s")
-            await _settle(tab)
+            await settle(tab)
             return await self._view(session, find=find, depth=depth, max_tokens=max_tokens)
 
     async def act(self, key: str, *, action: str, ref: str | None = None, text: str | None = None,
                   find: str | None = None, depth: int | None = None, max_tokens: int | None = None) -> dict:
         if action not in ACTIONS:
             raise InvalidInputError(f"Unknown action {action!r}; use one of: {', '.join(ACTIONS)}.")
-        _check_view_args(find, depth, max_tokens)
+        check_view_args(find, depth, max_tokens)
         if text is not None and len(text) > MAX_TEXT_CHARS:
             raise InvalidInputError(f"text is longer than {MAX_TEXT_CHARS} characters.")
         session = await self._session(key, create=False)
@@ -391,15 +330,15 @@ class BrowserService:
             if action == "close":
                 return await self._close_tab(session, text, find=find, depth=depth, max_tokens=max_tokens)
             if action == "switch_tab":
-                number = _tab_number(text)
+                number = tab_number(text)
                 if number not in session.tabs:
                     raise InvalidInputError(f"There is no tab {number}; open tabs: {', '.join(map(str, session.tabs))}.")
                 session.current = number
                 await session.tabs[number].page.bring_to_front()
             else:
                 tab = session.tabs[session.current]
-                await self._do(session, tab, action, ref, text)
-                await _settle(tab)
+                await act_on(session, tab, action, ref, text, self.config.browser_timeout_seconds)
+                await settle(tab)
             return await self._view(session, find=find, depth=depth, max_tokens=max_tokens)
 
     async def render_html(self, key: str, *, url: str) -> dict:
@@ -415,15 +354,15 @@ class BrowserService:
                 timed_out = False
                 try:
                     response = await tab.page.goto(url, wait_until="load")
-                    _raise_if_refused(session, response)
+                    raise_if_refused(session, response)
                 except TinyContextError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - Playwright errors carry net:: codes and timeouts
                     if "Timeout" not in type(exc).__name__:
-                        _raise_if_refused(session, None, exc)
-                        raise BrowserError(f"Cannot open {url}: {_first_line(exc)}" + _block_hint(session)) from exc
+                        raise_if_refused(session, None, exc)
+                        raise BrowserError(f"Cannot open {url}: {first_line(exc)}" + block_hint(session)) from exc
                     response, timed_out = None, True
-                await _settle(tab)
+                await settle(tab)
                 return {"url": url, "final_url": tab.page.url, "status": response.status if response else None,
                         "html": await tab.page.content(), "timed_out": timed_out,
                         "blocked": [e for e in session.events if e.startswith("blocked")]}
@@ -437,100 +376,13 @@ class BrowserService:
                 await self._close_session(session)
         return {"closed": session is not None}
 
-    async def _do(self, session: Session, tab: Tab, action: str, ref: str | None, text: str | None) -> None:
-        page = tab.page
-        if action in NEEDS_REF and not ref:
-            raise InvalidInputError(f"{action} needs ref: a ref=… from the latest view.")
-        if action == "type" and text is None:
-            raise InvalidInputError("type needs text.")
-        if action == "press" and not text:
-            raise InvalidInputError("press needs text: a key such as Enter, Tab, Escape, End, PageDown, ArrowDown.")
-        target = self._resolve(session, tab, ref) if ref else None
-        try:
-            if action == "click":
-                x, y = await self._point(tab, target, ref)
-                tabs, generation = len(session.tabs), tab.generation
-                await page.mouse.click(x, y)
-                if target.label.startswith("link"):
-                    await _link_followed(session, tab, tabs, generation)
-            elif action == "type":
-                if not target.editable:
-                    raise InvalidInputError(f"ref {ref} ({target.label}) is not a text field; type needs a textbox, "
-                                            "searchbox or combobox ref.")
-                await tab.cdp.send("DOM.focus", {"backendNodeId": target.backend_id})
-                await page.keyboard.press("ControlOrMeta+A")
-                await page.keyboard.press("Delete")
-                await page.keyboard.type(text)
-            elif action == "press":
-                if target is not None:
-                    await tab.cdp.send("DOM.focus", {"backendNodeId": target.backend_id})
-                await page.keyboard.press(text)
-            elif action == "wait_for":
-                await self._wait_for(session, tab, text)
-        except TinyContextError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - Playwright and CDP errors become typed errors
-            message = _first_line(exc)
-            if "Unknown key" in message:
-                raise InvalidInputError(f"press: {message}") from exc
-            if "No node" in message or "Could not find node" in message:
-                raise InvalidInputError(f"ref {ref} is no longer on the page; use a ref from a new view (look).") from exc
-            raise BrowserError(f"{action} failed: {message}") from exc
-
-    async def _wait_for(self, session: Session, tab: Tab, text: str | None) -> None:
-        timeout = self.config.browser_timeout_seconds
-        try:
-            if text:
-                await tab.page.get_by_text(text).first.wait_for(state="visible", timeout=timeout * 1000)
-            else:
-                await tab.page.wait_for_load_state("networkidle", timeout=timeout * 1000)
-        except Exception as exc:  # noqa: BLE001 - a timeout is an answer, not a failure
-            if "Timeout" not in type(exc).__name__:
-                raise
-            what = f"{text!r} did not appear" if text else "the page did not go quiet"
-            session.note(f"wait_for: {what} within {timeout:g} s")
-
-    def _resolve(self, session: Session, tab: Tab, ref: str) -> Ref:
-        ref = ref.strip().removeprefix("ref=")
-        target = session.refs.get(ref)
-        if target is None or ref not in session.seen:
-            raise InvalidInputError(f"ref {ref} is not in a view you received; use a ref=… shown by the latest view "
-                                    "(call look, with find to search the page).")
-        if target.tab != tab.id:
-            raise InvalidInputError(f"ref {ref} belongs to tab {target.tab}; switch_tab {target.tab} first.")
-        if target.generation != tab.generation:
-            raise InvalidInputError(f"ref {ref} belonged to a page this tab has left; use a ref from a new view (look).")
-        return target
-
-    async def _point(self, tab: Tab, target: Ref, ref: str) -> tuple[float, float]:
-        """The viewport point to click: the element's centre, scrolled into view and not covered."""
-        node = {"backendNodeId": target.backend_id}
-        await tab.cdp.send("DOM.scrollIntoViewIfNeeded", node)
-        quads = (await tab.cdp.send("DOM.getContentQuads", node)).get("quads") or []
-        viewport = tab.page.viewport_size or {"width": 1280, "height": 900}
-        for quad in quads:
-            xs, ys = quad[0::2], quad[1::2]
-            x = min(max(sum(xs) / 4, 0), viewport["width"] - 1)
-            y = min(max(sum(ys) / 4, 0), viewport["height"] - 1)
-            if max(xs) - min(xs) >= 1 and max(ys) - min(ys) >= 1:
-                break
-        else:
-            raise InvalidInputError(f"ref {ref} ({target.label}) is not visible, so it cannot be clicked.")
-        hit = await tab.cdp.send("DOM.getNodeForLocation", {"x": int(x), "y": int(y), "includeUserAgentShadowDOM": True})
-        inside = await tab.cdp.send("DOM.describeNode", {**node, "depth": -1, "pierce": True})
-        if hit.get("backendNodeId") not in set(_backend_ids(inside["node"])):
-            cover = await _describe_ax(tab, hit.get("backendNodeId"))
-            raise InvalidInputError(f"ref {ref} ({target.label}) is covered by {cover}; deal with that first "
-                                    "(e.g. dismiss a banner or dialog), then look again.")
-        return x, y
-
     async def _tabs(self, session: Session) -> dict:
-        lines = [f"{'*' if tid == session.current else ' '} tab {tid}: {await _title_url(tab.page)}" for tid, tab in session.tabs.items()]
+        lines = [f"{'*' if tid == session.current else ' '} tab {tid}: {await title_and_url(tab.page)}" for tid, tab in session.tabs.items()]
         text = "\n".join([f"{len(session.tabs)} tab(s); * = current. switch_tab N to change.", *lines])
         return self._answer({"tab": session.current, "tabs": len(session.tabs), "truncated": False, "refs": []}, text)
 
     async def _close_tab(self, session: Session, text: str | None, **view_args) -> dict:
-        number = _tab_number(text) if text else session.current
+        number = tab_number(text) if text else session.current
         tab = session.tabs.get(number)
         if tab is None:
             raise InvalidInputError(f"There is no tab {number}; open tabs: {', '.join(map(str, session.tabs))}.")
@@ -551,12 +403,12 @@ class BrowserService:
         try:
             ax = await tab.cdp.send("Accessibility.getFullAXTree")
         except Exception as exc:  # noqa: BLE001 - e.g. the page navigated while we read it
-            raise BrowserError(f"Cannot read the page: {_first_line(exc)}. Try look again.") from exc
+            raise BrowserError(f"Cannot read the page: {first_line(exc)}. Try look again.") from exc
         root = build_tree(ax.get("nodes", []))
-        assign_refs(root, lambda backend_id: self._ref_for(session, tab, backend_id))
-        self._remember(session, root)
+        assign_refs(root, lambda backend_id: session.ref_for(tab, backend_id))
+        session.remember(root)
         view = render(root, find=find, depth=depth)
-        header = [f"Tab {tab.id} of {len(session.tabs)}: {await _title_url(tab.page)}", *[f"({e})" for e in session.events]]
+        header = [f"Tab {tab.id} of {len(session.tabs)}: {await title_and_url(tab.page)}", *[f"({e})" for e in session.events]]
         session.events.clear()
         if find and not view.matches:
             header.append(f"(nothing matches find={find!r}; the page has {sum(1 for _ in walk(root)) - 1} nodes)")
@@ -573,7 +425,7 @@ class BrowserService:
         text = header_text + ("\n" + "\n".join(lines) if lines else "")
         refs = [m for line in lines for m in REF_RE.findall(line)]
         session.seen.update(refs)
-        return self._answer({"tab": tab.id, "tabs": len(session.tabs), "url": tab.page.url, "title": await _title(tab.page),
+        return self._answer({"tab": tab.id, "tabs": len(session.tabs), "url": tab.page.url, "title": await page_title(tab.page),
                              "truncated": bool(cut), "refs": refs, **({"matches": view.matches} if find else {})}, text)
 
     def _answer(self, facts: dict, text: str) -> dict:
@@ -582,138 +434,6 @@ class BrowserService:
         facts["structured_tokens"] = 0
         facts["structured_tokens"] = self.counter.count(to_json(facts))
         return {**facts, "view": text}
-
-    def _ref_for(self, session: Session, tab: Tab, backend_id: int) -> str:
-        key = (tab.id, tab.generation, backend_id)
-        ref = session.by_node.get(key)
-        if ref is None:
-            ref = session.by_node[key] = f"e{session.next_ref}"
-            session.next_ref += 1
-        return ref
-
-    def _remember(self, session: Session, root: Node) -> None:
-        tab = session.tabs[session.current]
-        for node in walk(root):
-            if node.ref:
-                session.refs[node.ref] = Ref(tab.id, tab.generation, node.backend_id,
-                                             node.role in _EDITABLE_ROLES or "editable" in node.states, node.label())
-
-
-_EDITABLE_ROLES = frozenset({"textbox", "searchbox", "combobox", "spinbutton"})
-
-
-def _bump(tab: Tab, delta: int) -> None:
-    tab.inflight = max(0, tab.inflight + delta)
-
-
-def _navigated(tab: Tab, event: dict) -> None:
-    # A new document in the main frame: its DOM node ids mean other nodes now.
-    if not event.get("frame", {}).get("parentId"):
-        tab.generation += 1
-
-
-async def _link_followed(session: Session, tab: Tab, tabs: int, generation: int) -> None:
-    """Give a clicked link a moment to show what it does: a new tab (its page event arrives after the
-    click returns), a request or a new document in this tab."""
-    deadline = time.monotonic() + LINK_WAIT_S
-    while time.monotonic() < deadline:
-        if len(session.tabs) > tabs or tab.inflight or tab.generation != generation:
-            break
-        await asyncio.sleep(0.05)
-    for other in list(session.tabs.values()):
-        try:
-            await asyncio.wait_for(other.ready.wait(), SETTLE_S)
-        except asyncio.TimeoutError:
-            pass
-
-
-async def _settle(tab: Tab) -> None:
-    """Wait (briefly) for what an action started: a navigation, requests, rendering."""
-    deadline = time.monotonic() + SETTLE_S
-    await asyncio.sleep(0.05)
-    quiet = 0
-    while time.monotonic() < deadline and quiet < 3:
-        quiet = quiet + 1 if tab.inflight == 0 else 0
-        await asyncio.sleep(0.05)
-    try:
-        await tab.page.wait_for_load_state("domcontentloaded", timeout=max(0.1, deadline - time.monotonic()) * 1000)
-    except Exception:  # noqa: BLE001 - a slow page is read as it is
-        pass
-
-
-def _backend_ids(node: dict):
-    yield node.get("backendNodeId")
-    for key in ("children", "shadowRoots", "pseudoElements"):
-        for child in node.get(key, []) or []:
-            yield from _backend_ids(child)
-    if node.get("contentDocument"):
-        yield from _backend_ids(node["contentDocument"])
-
-
-async def _describe_ax(tab: Tab, backend_id: int | None) -> str:
-    """``role "name"`` of the element at a point (or its nearest named ancestor), for messages."""
-    if backend_id is None:
-        return "another element"
-    try:
-        nodes = (await tab.cdp.send("Accessibility.getPartialAXTree", {"backendNodeId": backend_id, "fetchRelatives": True}))["nodes"]
-    except Exception:  # noqa: BLE001 - a best-effort description
-        return "another element"
-    for node in reversed(nodes):
-        name = (node.get("name") or {}).get("value")
-        role = (node.get("role") or {}).get("value")
-        if name and role not in ("RootWebArea", "StaticText"):
-            return f'{role} "{" ".join(str(name).split())[:80]}"'
-    return "another element"
-
-
-async def _title_url(page) -> str:
-    title = " ".join((await _title(page)).split())[:120]
-    return f"{title} — {page.url}" if title else page.url
-
-
-async def _title(page) -> str:
-    try:
-        return await page.title()
-    except Exception:  # noqa: BLE001 - navigating
-        return ""
-
-
-def _tab_number(text: str | None) -> int:
-    try:
-        return int(str(text).strip().removeprefix("tab").strip())
-    except ValueError:
-        raise InvalidInputError(f"Give the tab number as text (e.g. text='2'), not {text!r}.") from None
-
-
-def _check_view_args(find: str | None, depth: int | None, max_tokens: int | None) -> None:
-    if depth is not None and depth < 1:
-        raise InvalidInputError("depth must be 1 or more.")
-    if max_tokens is not None and not MIN_AGENT_TOKENS <= max_tokens <= 1_000_000:
-        raise InvalidInputError(f"max_tokens must be between {MIN_AGENT_TOKENS} and 1000000.")
-    if find is not None and not find.strip():
-        raise InvalidInputError("find must not be empty.")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-def _raise_if_refused(session: Session, response, error: Exception | None = None) -> None:
-    """A navigation that ended on the guard's refusal (a redirect to a refused address: the proxy's
-    403 for http, a refused CONNECT for https) is a ``blocked`` error, not a page."""
-    if response is not None and BLOCK_HEADER.lower() in response.headers:
-        raise BlockedURLError(f"{response.url!r} refused: a redirect led to an address the SSRF guard refuses "
-                              f"({response.headers[BLOCK_HEADER.lower()]})",
-                              reason=response.headers[BLOCK_HEADER.lower()], url=response.url)
-    if error is not None and "ERR_TUNNEL_CONNECTION_FAILED" in str(error) and session.refused:
-        raise session.refused[0].error()
-
-
-def _block_hint(session: Session) -> str:
-    blocked = [e for e in session.events if e.startswith("blocked")]
-    return f" ({blocked[0]})" if blocked else ""
-
 
 _services: dict[TinyContextConfig, BrowserService] = {}
 _services_lock = threading.Lock()

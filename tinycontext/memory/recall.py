@@ -1,0 +1,304 @@
+"""Recall as a pipeline: each stage below is one function, called in this order by :func:`rank`.
+
+1. :func:`analyse`  — the query analysis: check the query and settings, resolve the session, tags,
+   filters and the query's time phrases into a :class:`Plan`;
+2. :func:`search`   — candidate generation: BM25 and dense lists (:mod:`.candidates`), or the
+   ``signals`` of a search done once;
+3. :func:`order`    — fusion (weighted RRF, :mod:`tinycontext.retrieval.fusion`), the relevance
+   floor, then the re-rankers: conversation (episodes, neighbours, speakers, learned fusion;
+   :mod:`tinycontext.retrieval.conversation`) and time (:mod:`tinycontext.retrieval.time_windows`);
+   :func:`deepen` extends the order, tier by tier, for pages past the first search's depth;
+4. :func:`cut`      — the score cliff;
+5. :func:`window`   — the page's memories with rank and scores, before any budget;
+6. the budget: :func:`recall` (content within ``max_tokens``, the library answer) or
+   :func:`recall_rendered` (the rendered text within ``max_tokens``, what an agent receives).
+
+Every stage takes the engine (a :class:`~tinycontext.memory.engine.MemoryEngine`) for its store,
+settings and embedder; none writes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Sequence
+
+from .. import telemetry
+from ..budget.render import Page, check_agent_budget, check_detail, recall_page
+from ..budget.tokens import fit_budget
+from ..errors import InvalidInputError, RecallBudgetError, SessionNotFoundError
+from ..retrieval import conversation, time_windows as when
+from ..retrieval.filters import Filters, parse_filters
+from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_floor
+from . import browse
+from .checks import check_int, check_number, check_query, check_session, normalise_tags
+from .store import read_memories
+
+MAX_OFFSET = 1_000_000
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One recall's checked query, scope and ranking settings."""
+
+    query: str
+    session: str | None
+    tags: list[str]
+    filters: Filters
+    depth: int  # how deep each candidate list is searched
+    top_k: int
+    offset: int
+    dense_weight: float
+    rrf_k: float
+    episode_weight: float
+    neighbour_weight: float
+    speaker_boost: float
+    min_dense: float
+    score_cliff: float
+    time_boost: float
+    fusion: str
+    windows: list  # the query's time windows (empty without time_boost or a date phrase)
+
+    @property
+    def keyword(self) -> bool:
+        return self.dense_weight < 1.0  # a list with zero weight is not searched (and not used when given)
+
+    @property
+    def dense(self) -> bool:
+        return self.dense_weight > 0.0
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """The order a recall chose from, and the page of it from ``offset`` on (full memory dicts)."""
+
+    plan: Plan
+    window: list[dict]
+    candidates: int  # how many memories the order holds
+    below_floor: int  # candidates the relevance floor (recall_min_dense) left out
+    below_cliff: int  # candidates after the score cliff (recall_score_cliff)
+
+
+# -- 1. query analysis -------------------------------------------------------------------------
+
+def analyse(engine, query: str, *, session_id: str | None = None, top_k: int | None = None,
+            tags: Sequence[str] | None = None, offset: int = 0, dense_weight: float | None = None, rrf_k: float | None = None,
+            candidates: int | None = None, filters: Filters | dict | None = None, episode_weight: float | None = None,
+            neighbour_weight: float | None = None, speaker_boost: float | None = None, min_dense: float | None = None,
+            score_cliff: float | None = None, time_boost: float | None = None, fusion: str | None = None) -> Plan:
+    """The checked settings (None: the configured value); expired memories are purged first."""
+    config = engine.config
+    query = check_query(query)
+    top_k = check_int(config.recall_top_k if top_k is None else top_k, "top_k", 1, 1000)
+    check_int(offset, "offset", 0, MAX_OFFSET)
+    weight = check_number(config.recall_dense_weight if dense_weight is None else dense_weight, "dense_weight", 0.0, 1.0)
+    if engine.embedder is None:
+        weight = 0.0  # keyword-only: BM25 alone
+    k = check_number(config.recall_rrf_k if rrf_k is None else rrf_k, "rrf_k", 0.0, 1e6)
+    episode_weight = check_number(config.recall_episode_weight if episode_weight is None else episode_weight, "episode_weight", 0.0, 10.0)
+    neighbour_weight = check_number(config.recall_neighbour_weight if neighbour_weight is None else neighbour_weight, "neighbour_weight", 0.0, 1.0)
+    speaker_boost = check_number(config.recall_speaker_boost if speaker_boost is None else speaker_boost, "speaker_boost", 0.0, 10.0)
+    min_dense = check_number(engine.default_min_dense() if min_dense is None else min_dense, "min_dense", 0.0, 1.0)
+    cliff = check_number(config.recall_score_cliff if score_cliff is None else score_cliff, "score_cliff", 0.0, 0.99)
+    time_boost = check_number(config.recall_time_boost if time_boost is None else time_boost, "time_boost", 0.0, 10.0)
+    fusion = config.recall_fusion if fusion is None else fusion
+    if fusion not in ("learned", "rrf"):
+        raise InvalidInputError(f"fusion must be 'learned' or 'rrf', got {fusion!r}.")
+    # Resolved once per recall (dateparser only runs when the query has a date phrase).
+    windows = when.question_windows(query, datetime.now()) if time_boost else []
+    depth, session, tag_list, filters = scope(engine, session_id, tags, filters, candidates)
+    return Plan(query, session, tag_list, filters, depth, top_k, offset, weight, k, episode_weight, neighbour_weight,
+                speaker_boost, min_dense, cliff, time_boost, fusion, windows)
+
+
+def scope(engine, session_id, tags, filters, candidates) -> tuple[int, str | None, list[str], Filters]:
+    """Checked (depth, session, tags, filters) of a search; expired memories purged first."""
+    depth = check_int(engine.config.recall_candidates if candidates is None else candidates, "candidates", 1, 10_000)
+    session = check_session(session_id)
+    tag_list = normalise_tags([] if tags is None else tags, "tags")
+    filters = parse_filters(filters)
+    browse.purge_expired(engine)
+    if session is not None and not engine.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
+        raise SessionNotFoundError(f"No session {session!r}. Save memories into it first, or recall without session_id to search all sessions.")
+    return depth, session, tag_list, filters
+
+
+# -- 2. candidate generation ---------------------------------------------------------------------
+
+def search(engine, plan: Plan, depth: int, signals: Signals | None = None) -> Signals:
+    """The candidate lists ``depth`` deep: searched, or ``signals`` when they were searched for this plan."""
+    if signals is None:
+        return engine.candidate_search.search(plan.query, plan.session, plan.tags, plan.filters, depth,
+                                              keyword=plan.keyword, dense=plan.dense)
+    if ((signals.query, signals.session_id, signals.tags, signals.filters, signals.depth)
+            != (plan.query, plan.session, tuple(plan.tags), plan.filters, depth)
+            or (plan.keyword and signals.bm25 is None) or (plan.dense and signals.dense is None)):
+        raise InvalidInputError("signals were searched for another query, session, tags, filters or candidates, "
+                                "or lack a list this weighting needs: search again with this recall's settings.")
+    return signals
+
+
+# -- 3. fusion, relevance floor, re-rankers ------------------------------------------------------
+
+def order(engine, plan: Plan, found: Signals) -> tuple[list[Candidate], int]:
+    """The candidates in recall's order, and how many the relevance floor left out."""
+    bm25_hits = list(found.bm25) if plan.keyword else []
+    dense_hits = list(found.dense) if plan.dense else []
+    with telemetry.operation("recall.fuse") as op:
+        ranked = fuse(bm25_hits, dense_hits, dense_weight=plan.dense_weight, k=plan.rrf_k)
+        # The relevance floor: its own step, so re-rankers before or after it compose.
+        ranked, below_floor = relevance_floor(ranked, plan.min_dense)
+        op.set(candidates=len(ranked), below_floor=below_floor)
+    if ranked and (plan.fusion == "learned" or plan.episode_weight or plan.neighbour_weight or plan.speaker_boost):
+        with telemetry.operation("recall.rerank", mode=plan.fusion):
+            ranked = rerank_conversation(engine, plan, ranked, dense_hits)
+    if ranked and plan.windows:
+        with telemetry.operation("recall.time_boost"):
+            ranked = when.boost(ranked, engine.candidate_search.times([c.id for c in ranked]), plan.windows, plan.time_boost)
+    return ranked, below_floor
+
+
+def rerank_conversation(engine, plan: Plan, ranked: list[Candidate], dense_hits: list) -> list[Candidate]:
+    """Conversation turns re-scored by their episode, neighbours and speaker (or the learned fusion)."""
+    reads = engine.candidate_search
+    # A neighbour outside the candidates may join only when nothing filtered them.
+    expand = not plan.tags and not plan.filters
+    candidates = [c.id for c in ranked]
+    # The candidates first: without conversation turns among them there is nothing to re-score,
+    # and their neighbours need not be read.
+    info = reads.turns(candidates)
+    if not info:
+        return ranked
+    learned = plan.fusion == "learned" and bool(dense_hits)
+    if learned:
+        # The features read the turns two either side of a candidate (a joining neighbour's own
+        # neighbour) and the dense hits' episodes.
+        near = {i + step for i in candidates for step in (-2, -1, 1, 2)} | {i for i, _ in dense_hits}
+        info.update(reads.turns(sorted(near.difference(candidates))))
+    elif plan.neighbour_weight and expand:
+        info.update(reads.turns(sorted({i + step for i in candidates for step in (-1, 1)}.difference(candidates))))
+    has_episodes = any(turn[0] is not None for turn in info.values())
+    wants_episodes = has_episodes and (learned or plan.episode_weight)
+    episode_hits = reads.episode_hits(plan.query, plan.session) if wants_episodes else []
+    if learned:
+        return conversation.learned_rerank(ranked, info, query=plan.query, episode_hits=episode_hits, dense_hits=dense_hits, expand=expand)
+    return conversation.rerank(ranked, info, query=plan.query, episode_hits=episode_hits, dense_hits=dense_hits,
+                               episode_weight=plan.episode_weight if has_episodes else 0.0,
+                               neighbour_weight=plan.neighbour_weight if has_episodes else 0.0, speaker_boost=plan.speaker_boost,
+                               expand=expand)
+
+
+def deepen(engine, plan: Plan, ranked: list[Candidate]) -> list[Candidate]:
+    """The order long enough for the page ``offset`` .. ``offset + top_k``.
+
+    A deeper search reorders what a shallower one ranked, so page N+1 could repeat or skip page N's
+    memories. The order is fixed tier by tier instead: the first ``depth`` positions come from the
+    first search, each deeper search (twice as deep) only appends memories not ranked yet. Every page
+    reads the same order."""
+    depth = plan.depth
+    if plan.offset + plan.top_k <= depth:
+        return ranked
+    ranked, seen = ranked[:depth], {c.id for c in ranked[:depth]}
+    while plan.offset + plan.top_k > depth:
+        shown, depth = depth, depth * 2
+        # Deeper tiers search again (the query's vector is cached by then).
+        fresh = [c for c in order(engine, plan, search(engine, plan, depth))[0] if c.id not in seen][:depth - shown]
+        if not fresh:
+            break
+        ranked += fresh
+        seen.update(c.id for c in fresh)
+    return ranked
+
+
+# -- 4. cut-off ----------------------------------------------------------------------------------
+
+def cut(plan: Plan, ranked: list[Candidate]) -> tuple[list[Candidate], int]:
+    """The order up to the score cliff, and how many it left out.
+
+    The cliff cuts the whole order, not the page, so every page agrees where the answer ends. It reads
+    two signals' agreement: one signal's decay alone (BM25-only, keyword-only, dense-only) is no sign
+    that the rest is not evidence, so a single-signal ranking keeps its full order."""
+    kept = cliff_cut([(c.bm25, c.dense) for c in ranked], plan.score_cliff if 0.0 < plan.dense_weight < 1.0 else 0.0)
+    return ranked[:kept], len(ranked) - kept
+
+
+# -- 5. the page ---------------------------------------------------------------------------------
+
+def window(engine, plan: Plan, ranked: list[Candidate]) -> list[dict]:
+    """The memories from ``offset`` on, with their rank and scores."""
+    page = ranked[plan.offset:]
+    rows = read_memories(engine.store, [c.id for c in page])
+    return [
+        {**rows[c.id], "rank": plan.offset + position + 1, "scores": {"rrf": c.rrf, "bm25": c.bm25, "dense": c.dense}}
+        for position, c in enumerate(c for c in page if c.id in rows)
+    ]
+
+
+def rank(engine, query: str, *, signals: Signals | None = None, **settings) -> Ranked:
+    """Stages 1-5: ranked memories from ``offset`` on, before any budget. ``settings``: :func:`analyse`'s."""
+    plan = analyse(engine, query, **settings)
+    ranked, below_floor = order(engine, plan, search(engine, plan, plan.depth, signals))
+    ranked, below_cliff = cut(plan, deepen(engine, plan, ranked))
+    with telemetry.operation("recall.window") as op:
+        memories = window(engine, plan, ranked)
+        op.set(results=len(memories))
+    return Ranked(plan, memories, len(ranked), below_floor, below_cliff)
+
+
+# -- 6. the budget -------------------------------------------------------------------------------
+
+def recall(engine, query: str, *, max_tokens: int | None = None, ranking: int = 0, **settings) -> dict:
+    """The library answer: full memory dicts whose content fits ``max_tokens``; see :meth:`MemoryEngine.recall`."""
+    with telemetry.operation("recall") as op:
+        started = time.perf_counter()
+        max_tokens = engine.config.recall_max_tokens if max_tokens is None else max_tokens
+        check_int(max_tokens, "max_tokens", 1, 1_000_000, RecallBudgetError)
+        check_int(ranking, "ranking", 0, 10_000)
+        ranked = rank(engine, query, **settings)
+        window, top_k, offset = ranked.window, ranked.plan.top_k, ranked.plan.offset
+        chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, top_k)
+        memories = [window[p] for p in chosen]
+        omitted = [{"id": window[p]["id"], "rank": window[p]["rank"], "tokens": window[p]["tokens"]} for p in skipped]
+        truncated = bool(omitted) or (stop is not None and len(chosen) < top_k)
+        op.set(mode=engine.search_mode, results=len(memories), tokens=sum(m["tokens"] for m in memories), max_tokens=max_tokens,
+               candidates=ranked.candidates, below_floor=ranked.below_floor, below_cliff=ranked.below_cliff, truncated=truncated)
+        return {
+            "query": ranked.plan.query,
+            "session_id": ranked.plan.session,
+            "memories": memories,
+            "total_tokens": sum(m["tokens"] for m in memories),
+            "max_tokens": max_tokens,
+            # The budget (not top_k) left something out: skipped inside the page, or the page ended early.
+            "truncated": truncated,
+            "omitted": omitted,
+            "next_offset": None if stop is None else offset + stop,
+            "candidates": ranked.candidates,
+            # Candidates the relevance floor (recall_min_dense) left out: no lexical match, weak dense similarity.
+            "below_floor": ranked.below_floor,
+            # Candidates after the score cliff (recall_score_cliff): clearly weaker than what was returned.
+            "below_cliff": ranked.below_cliff,
+            "mode": engine.search_mode,
+            "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
+            **({"ranking": [{"id": m["id"], "rank": m["rank"], "scores": m["scores"]} for m in window[:ranking]]} if ranking else {}),
+        }
+
+
+def recall_rendered(engine, query: str, *, max_tokens: int | None = None, detail: str = "compact",
+                    **settings) -> Page:
+    """Recall as an agent receives it, text and structured content within ``max_tokens``; see
+    :meth:`MemoryEngine.recall_rendered`."""
+    with telemetry.operation("recall") as op:
+        detail = check_detail(detail)
+        max_tokens = check_agent_budget(engine.config.recall_max_tokens if max_tokens is None else max_tokens)
+        ranked = rank(engine, query, **settings)
+        with telemetry.operation("recall.render") as render:
+            page = recall_page(ranked.window, max_tokens=max_tokens, counter=engine.tokens, limit=ranked.plan.top_k,
+                               offset=ranked.plan.offset, detail=detail, session_id=ranked.plan.session,
+                               extra={**({"below_floor": ranked.below_floor} if ranked.below_floor else {}),
+                                      **({"below_cliff": ranked.below_cliff} if ranked.below_cliff else {}),
+                                      **({"mode": "keyword"} if engine.embedder is None else {})} or None)
+            render.set(results=len(page.chosen), tokens=page.tokens)
+        op.set(mode=engine.search_mode, results=len(page.chosen), tokens=page.tokens, max_tokens=max_tokens, truncated=page.truncated,
+               candidates=ranked.candidates, below_floor=ranked.below_floor, below_cliff=ranked.below_cliff)
+        return page
