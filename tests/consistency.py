@@ -37,6 +37,6 @@ def assert_consistent(engine) -> dict[int, str]:
         assert tag_rows.get(r[0], set()) == set(json.loads(r[2])), f"memory {r[0]}'s tag index disagrees with its tags"
     # The in-memory vector cache answers like the table: each memory is its own nearest neighbour.
     for r, text in zip(rows, texts):
-        top = engine.recall(text, session_id=r[1], dense_weight=1.0, top_k=1, max_tokens=1_000_000)["memories"]
+        top = engine.recall(text, session_id=r[1], dense_weight=1.0, top_k=1, max_tokens=1_000_000, include_superseded=True)["memories"]
         assert top and np.isclose(top[0]["scores"]["dense"], 1.0, atol=1e-4), f"dense search does not find memory {r[0]} by its own text"
     return contents

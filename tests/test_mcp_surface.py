@@ -161,7 +161,8 @@ def test_every_option_of_every_tool_works_and_matches_its_output_schema(config):
             assert len(saved["ids"]) == 4 and saved["skipped"][0]["reason"] == "duplicate"
             recalled = await call("recall_memories", {"query": "what language is the API in", "max_tokens": 500, "top_k": 3,
                                                       "session_id": "proj", "tags": ["stack"], "offset": 0, "detail": "full",
-                                                      "filters": {"metadata": {"source": "chat"}, "created_at": {"gte": "2000-01-01"}}})
+                                                      "filters": {"metadata": {"source": "chat"}, "created_at": {"gte": "2000-01-01"}},
+                                                      "include_superseded": True})
             assert [m["id"] for m in recalled["memories"]] == [first] and recalled["memories"][0]["session_id"] == "proj"
             updated = await call("update_memory", {"id": first, "content": "The API is written in Rust", "tags": ["stack", "rust"],
                                                    "metadata": {"source": "review"}, "expected_version": 1})

@@ -81,6 +81,8 @@ def memory_line(memory: dict, *, detail: Detail = "compact", with_session: bool 
     if with_session or detail == "full":
         facts.append(f"session {memory['session_id']}")
     facts.append(f"id {memory['id']}")
+    if memory.get("superseded_by"):  # an outdated fact, shown only when asked for: say so, cheaply
+        facts.append(f"superseded by {memory['superseded_by']}")
     if detail == "full":
         facts.append(f"v{memory['version']}")
         if memory.get("metadata"):
@@ -107,6 +109,8 @@ def memory_item(memory: dict, *, detail: Detail = "compact") -> dict:
         item["tags"] = memory["tags"]
     if memory_date(memory):
         item["date"] = memory_date(memory)
+    if memory.get("superseded_by"):
+        item["superseded_by"] = memory["superseded_by"]
     return item
 
 

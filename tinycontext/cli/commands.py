@@ -84,6 +84,9 @@ def _save_args(parser):
     parser.add_argument("--occurred-at", help="when it happened, ISO 8601 (2023-05-08 or 2023-05-08T13:56)")
     parser.add_argument("--attachment", action="append", default=[], help="text description of something shared, e.g. an image caption (repeatable)")
     parser.add_argument("--episode", help="episode key (thread); by default one call's turns form one episode")
+    parser.add_argument("--supersedes", type=int, metavar="ID", help="the memory this one replaces (one memory): it gets valid_until, "
+                        "recall prefers the new one")
+    parser.add_argument("--valid-from", help="since when the fact holds, ISO 8601 (default: now)")
     add_json(parser)
 
 
@@ -94,7 +97,10 @@ def save(args):
         memories = [with_defaults(m, args.tag, metadata) for m in read_memories(sys.stdin.read())]
     else:
         memories = [{"content": text, "tags": args.tag, "metadata": metadata or {}} for text in args.content]
-    turn = {k: v for k, v in (("speaker", args.speaker), ("occurred_at", args.occurred_at), ("attachments", args.attachment)) if v}
+    if args.supersedes is not None and len(memories) != 1:
+        raise InvalidInputError("--supersedes replaces one memory: save one memory with it (or give each its own supersedes on stdin).")
+    turn = {k: v for k, v in (("speaker", args.speaker), ("occurred_at", args.occurred_at), ("attachments", args.attachment),
+                              ("supersedes", args.supersedes), ("valid_from", args.valid_from)) if v}
     memories = [{**turn, **m} if isinstance(m, dict) else m for m in memories]  # a memory's own values win
     with open_engine(args) as engine:
         result = engine.save(memories, session_id=args.session, episode=args.episode)
@@ -105,6 +111,10 @@ def save(args):
                          for s in result["skipped"]], "skipped")
     lines += summarised([f"  note: #{n['index'] + 1} is similar to id {n['similar_to']} (cosine {n['similarity']})"
                          for n in result["near_duplicates"]], "near-duplicate notes")
+    lines += [f"  superseded id {s['supersedes']}" for s in result["saved"] + result["skipped"] if s.get("supersedes")]
+    lines += summarised([f"  note: #{c['index'] + 1} may supersede id {c['supersedes']} ({', '.join(c['was'])} -> {', '.join(c['now'])}); "
+                         f"if so: tinycontext save --supersedes {c['supersedes']} ..." for c in result.get("supersession_candidates", [])],
+                        "supersession candidates")
     emit(args, result, "\n".join(lines))
 
 
@@ -117,6 +127,7 @@ def _recall_args(parser):
     parser.add_argument("--offset", type=int, default=0, help="skip this many ranked results (paging)")
     add_filter_args(parser)
     parser.add_argument("--detail", choices=DETAILS, default="compact", help="compact (default) or full: also session, metadata, scores")
+    parser.add_argument("--include-superseded", action="store_true", help="also show facts a newer memory superseded (marked)")
     parser.add_argument("--json", action="store_true", help="print the structured answer (compact JSON, within --max-tokens)")
 
 
@@ -124,7 +135,8 @@ def _recall_args(parser):
 def recall(args):
     with open_engine(args) as engine:
         page = engine.recall_rendered(args.query, session_id=args.session, max_tokens=args.max_tokens, top_k=args.top_k,
-                                      tags=args.tag, offset=args.offset, detail=args.detail, filters=filters_of(args))
+                                      tags=args.tag, offset=args.offset, detail=args.detail, filters=filters_of(args),
+                                      include_superseded=args.include_superseded)
     # The output is exactly what the budget counted: the text, or the structured content as compact JSON.
     print(to_json(page.structured) if args.json else page.text)
 

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import browse, codes, keyword_mode as keyword, recall as pipeline
+from . import browse, codes, facts, keyword_mode as keyword, recall as pipeline
 from ..retrieval import conversation, language
 from ..budget.tokens import TokenCounter
 from .. import telemetry
@@ -63,7 +63,8 @@ class MemoryEngine:
         except BaseException:  # do not leave the file open
             self.store.close()
             raise
-        self.index = VectorIndex(self.store, self.config.vector_cache_max, self.config.vector_quantized_max)
+        self.index = VectorIndex(self.store, self.config.vector_cache_max, self.config.vector_quantized_max,
+                                 self.config.vector_codes_max)
         self.progress = progress
         self.candidate_search = CandidateSearch(self.store, self.index, self.config, lambda: self.embedder)
 
@@ -131,6 +132,13 @@ class MemoryEngine:
         whole file first, so that a bad record refuses all of it."""
         return check_stored(memories, self.config)
 
+    def renumber_links(self, ids: Sequence[int], renumbered: dict[int, int]) -> None:
+        """After an import gave some memories new ids: point the imported memories' ``superseded_by``
+        at their successors' new ids (joins the import's transaction)."""
+        with self.store.write() as conn:
+            conn.executemany("UPDATE memories SET superseded_by = ? WHERE superseded_by = ? AND id IN (SELECT value FROM json_each(?))",
+                             [(new, old, json.dumps(list(ids))) for old, new in renumbered.items()])
+
     def ensure_session(self, session_id: str, *, created_at: str | None = None) -> bool:
         """Create a session (with ``created_at``, e.g. kept by an import) unless it exists; True if created."""
         session = check_session(session_id)
@@ -154,7 +162,8 @@ class MemoryEngine:
         saved: list[dict] = []
         skipped: list[dict] = []
         near: list[dict] = []
-        check = vectors is not None and self.config.dedup_mode != "off"
+        # Imports keep what they bring: no near-duplicate check, so no neighbours to look up.
+        check = vectors is not None and stored is None and self.config.dedup_mode != "off"
         if check:
             self.index.prepare(session)
         with self.index.write() as conn:
@@ -172,7 +181,9 @@ class MemoryEngine:
                                         (json.dumps(uids),)).fetchall()) if uids else {}
             existing = dict(conn.execute("SELECT content_hash, min(id) FROM memories WHERE session_id = ? AND content_hash IN "
                                          "(SELECT value FROM json_each(?)) GROUP BY content_hash", (session, json.dumps(hashes))).fetchall())
-            rows, tag_rows, history_rows = [], [], []
+            self._check_supersedes(conn, [m.supersedes for m in items])
+            texts: dict[int, str] = {}  # this call's memories, for the supersession check against each other
+            rows, tag_rows, history_rows, candidates, supersede = [], [], [], [], []
             for i, (item, digest, vector) in enumerate(zip(items, hashes, [None] * len(items) if vectors is None else vectors)):
                 restored = stored[i] if stored is not None else None
                 if restored is not None and restored.uid is not None and restored.uid in present:
@@ -180,12 +191,28 @@ class MemoryEngine:
                     continue
                 if digest in existing or digest in batch_seen:
                     # Same text already in this session: saving it again would only waste recall tokens.
-                    skipped.append({"index": i, "reason": "duplicate", "duplicate_of": existing.get(digest, batch_seen.get(digest))})
+                    same = existing.get(digest, batch_seen.get(digest))
+                    skipped.append({"index": i, "reason": "duplicate", "duplicate_of": same})
+                    if item.supersedes is not None and item.supersedes != same:
+                        # The new fact is already stored (e.g. saved before its supersession candidate was
+                        # reported): that memory is the one that supersedes.
+                        supersede.append((item.valid_from or created, same, item.supersedes))
+                        skipped[-1]["supersedes"] = item.supersedes
                     continue
                 similar = None
-                if check and restored is None:
+                if check:
                     similar = _nearest(neighbours[i] if neighbours is not None else self._vec0_nearest(conn, session, vector), vector, batch_kept)
-                if similar and similar[1] >= self.config.dedup_threshold:
+                if similar and similar[0] == item.supersedes:
+                    similar = None  # the memory it replaces is expected to be close
+                changed = None
+                if similar and similar[1] >= self.config.supersession_threshold:
+                    old = texts.get(similar[0]) or conn.execute("SELECT content FROM memories WHERE id = ? AND valid_until IS NULL",
+                                                                (similar[0],)).fetchone()
+                    changed = old and facts.contradiction(item.content, old if isinstance(old, str) else old[0])
+                if changed:
+                    # Same subject, other value: the caller decides (save again with supersedes); never skipped as a near-duplicate.
+                    candidates.append({"index": i, "supersedes": similar[0], "similarity": round(similar[1], 4), **changed})
+                elif similar and similar[1] >= self.config.dedup_threshold:
                     report = {"index": i, "similar_to": similar[0], "similarity": round(similar[1], 4)}
                     if self.config.dedup_mode == "skip":
                         skipped.append({**report, "reason": "near_duplicate"})
@@ -202,13 +229,18 @@ class MemoryEngine:
                 mid = restored.id if restored is not None and restored.id is not None and restored.id > ceiling else ceiling + 1
                 ceiling = mid
                 born = (restored.created_at if restored is not None else None) or created
+                valid_from = item.valid_from or (created if item.supersedes is not None else None)
+                if item.supersedes is not None:
+                    supersede.append((valid_from, mid, item.supersedes))
                 rows.append((mid, session, item.content, json.dumps(item.tags, ensure_ascii=False), json.dumps(item.metadata, ensure_ascii=False),
                              digest, tokens[i], born, (restored.updated_at if restored is not None else None) or born,
                              restored.version if restored is not None else 1, item.occurred_at, item.speaker,
                              json.dumps(item.attachments, ensure_ascii=False),
                              conversation.search_context(item.speaker, item.occurred_at, item.attachments),
                              None if key is None else episodes[key], item.expires_at,
-                             (restored.uid if restored is not None else None) or uuid.uuid4().hex))
+                             (restored.uid if restored is not None else None) or uuid.uuid4().hex, valid_from,
+                             restored.valid_until if restored is not None else None,
+                             restored.superseded_by if restored is not None else None))
                 if restored is not None:
                     if restored.uid is not None:
                         present[restored.uid] = mid  # the same uid twice in one call: the second is skipped
@@ -221,11 +253,14 @@ class MemoryEngine:
                 if vector is not None:
                     batch_kept.append((mid, vector))
                 batch_seen[digest] = mid
-                saved.append({"index": i, "id": mid, "tokens": tokens[i]})
+                texts[mid] = item.content
+                saved.append({"index": i, "id": mid, "tokens": tokens[i], **({"supersedes": item.supersedes} if item.supersedes else {})})
             conn.executemany(
                 "INSERT INTO memories(id, session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
-                " occurred_at, speaker, attachments, context, episode_id, expires_at, uid)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                " occurred_at, speaker, attachments, context, episode_id, expires_at, uid, valid_from, valid_until, superseded_by)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            # The old fact keeps its text and history; it now ends where the new one starts.
+            conn.executemany("UPDATE memories SET valid_until = ?, superseded_by = ? WHERE id = ?", supersede)
             conn.executemany("INSERT OR REPLACE INTO memory_versions(memory_id, version, content, tags, metadata, created_at, superseded_at)"
                              " VALUES (?, ?, ?, ?, ?, ?, ?)", history_rows)
             conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", tag_rows)
@@ -240,9 +275,28 @@ class MemoryEngine:
             "saved": saved,
             "skipped": skipped,
             "near_duplicates": near,
+            # Stored facts these look like changed versions of: not applied, save with supersedes to do so.
+            **({"supersession_candidates": candidates} if candidates else {}),
             "total_tokens": sum(s["tokens"] for s in saved),
             **({"renumbered": renumbered, "embedded": len({s["index"] for s in saved} & set(missing))} if stored is not None else {}),
         }
+
+    @staticmethod
+    def _check_supersedes(conn, targets: list[int | None]) -> None:
+        """The ids a save replaces: each must exist, be current, and be named once (read under the write lock)."""
+        wanted = [t for t in targets if t is not None]
+        if len(set(wanted)) != len(wanted):
+            raise InvalidInputError("Two memories in one call supersede the same memory; one memory replaces it.")
+        if not wanted:
+            return
+        found = {r[0]: r[1] for r in conn.execute("SELECT id, superseded_by FROM memories WHERE id IN (SELECT value FROM json_each(?))",
+                                                   (json.dumps(wanted),))}
+        for target in wanted:
+            if target not in found:
+                raise MemoryNotFoundError(f"supersedes: no memory with id {target}; nothing was saved. Recall to find current ids.")
+            if found[target] is not None:
+                raise ConflictError(f"supersedes: memory {target} was already superseded by {found[target]}; supersede that one instead. "
+                                    "Nothing was saved.", id=target, superseded_by=found[target])
 
     def _vectors(self, items: list, indexed: list[str], stored) -> tuple[np.ndarray, list[int]]:
         """One vector per item: a valid stored one (import) or freshly embedded; and which were embedded."""
@@ -272,17 +326,20 @@ class MemoryEngine:
                rrf_k: float | None = None, candidates: int | None = None, filters: Filters | dict | None = None,
                episode_weight: float | None = None, neighbour_weight: float | None = None, speaker_boost: float | None = None,
                min_dense: float | None = None, score_cliff: float | None = None, time_boost: float | None = None,
-               signals: Signals | None = None, ranking: int = 0, fusion: str | None = None) -> dict:
+               signals: Signals | None = None, ranking: int = 0, fusion: str | None = None, include_superseded: bool = False) -> dict:
         """The library answer: full memory dicts whose content fits ``max_tokens``. Interfaces that
         hand text to an agent use :meth:`recall_rendered`, whose budget covers what they render.
         ``filters`` (see :mod:`tinycontext.retrieval.filters`) narrows by tags, metadata and time.
         ``signals``: this query's :meth:`search`, fused instead of searching again. ``ranking``: also
         return the first ``ranking`` positions of the order the answer was chosen from (ids, ranks,
-        scores; no budget), e.g. to score the ranking and the budgeted answer from one recall."""
+        scores; no budget), e.g. to score the ranking and the budgeted answer from one recall.
+        ``include_superseded``: also return facts a newer memory superseded (left out by default, counted
+        in ``superseded``), each marked with ``superseded_by``."""
         return pipeline.recall(self, query, max_tokens=max_tokens, ranking=ranking, session_id=session_id, top_k=top_k, tags=tags,
                                offset=offset, dense_weight=dense_weight, rrf_k=rrf_k, candidates=candidates, filters=filters,
                                episode_weight=episode_weight, neighbour_weight=neighbour_weight, speaker_boost=speaker_boost,
-                               min_dense=min_dense, score_cliff=score_cliff, time_boost=time_boost, signals=signals, fusion=fusion)
+                               min_dense=min_dense, score_cliff=score_cliff, time_boost=time_boost, signals=signals, fusion=fusion,
+                               include_superseded=include_superseded)
 
     def recall_rendered(self, query: str, *, session_id: str | None = None, max_tokens: int | None = None,
                         top_k: int | None = None, tags: Sequence[str] | None = None, offset: int = 0,

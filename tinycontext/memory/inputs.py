@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..config import TinyContextConfig
 from ..errors import EmptyMemoryError, InvalidInputError
 from ..retrieval import conversation
-from ..retrieval.filters import expiry, parse_occurred_at
-from .checks import BLANK, clean_text, normalise_tags
+from ..retrieval.filters import expiry, parse_occurred_at, parse_time
+from .checks import BLANK, check_int, clean_text, normalise_tags
 
 MAX_METADATA_BYTES = 64_000
 MAX_METADATA_DEPTH = 16
@@ -42,6 +42,8 @@ class MemoryInput(BaseModel):
     episode: str | None = Field(None, description="Episode key (chat session, thread); one save call's turns form one by default.")
     expires_at: str | None = Field(None, description="ISO 8601 time after which the memory is deleted (optional).")
     ttl_seconds: int | None = Field(None, description="Delete the memory this many seconds after saving (optional).")
+    supersedes: int | None = Field(None, description="Id of the memory this one replaces: it gets valid_until, recall prefers this one.")
+    valid_from: str | None = Field(None, description="ISO 8601 time since when the fact holds (default: when saved).")
 
 
 class StoredMemory(MemoryInput):
@@ -56,6 +58,8 @@ class StoredMemory(MemoryInput):
     history: list[dict[str, Any]] = Field(default_factory=list)
     # The stored vector (float32 little-endian bytes, or numbers), reused when it fits this embedder.
     vector: list[float] | bytes | None = None
+    valid_until: str | None = None
+    superseded_by: int | None = None
 
 
 def _depth(value: Any, level: int = 0) -> int:
@@ -113,6 +117,8 @@ def validate_memories(memories: Iterable[MemoryInput | dict | str], config: Tiny
             attachments=conversation.check_attachments(item.attachments, where),
             episode=conversation.check_label(item.episode, "episode", conversation.MAX_EPISODE_CHARS, where),
             expires_at=expiry(item.expires_at, item.ttl_seconds, where),
+            supersedes=None if item.supersedes is None else check_int(item.supersedes, f"{where}.supersedes", 1, 2**63 - 1),
+            valid_from=None if item.valid_from is None else parse_time(item.valid_from, f"{where}.valid_from"),
         ))
     return out
 

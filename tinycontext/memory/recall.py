@@ -30,7 +30,7 @@ from ..budget.tokens import fit_budget
 from ..errors import InvalidInputError, RecallBudgetError, SessionNotFoundError
 from ..retrieval import conversation, time_windows as when
 from ..retrieval.filters import Filters, parse_filters
-from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_floor
+from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_floor, score_fusion
 from . import browse
 from .checks import check_int, check_number, check_query, check_session, normalise_tags
 from .store import read_memories
@@ -59,6 +59,7 @@ class Plan:
     time_boost: float
     fusion: str
     windows: list  # the query's time windows (empty without time_boost or a date phrase)
+    include_superseded: bool = False  # facts a newer memory superseded stay in (marked) instead of being left out
 
     @property
     def keyword(self) -> bool:
@@ -78,6 +79,7 @@ class Ranked:
     candidates: int  # how many memories the order holds
     below_floor: int  # candidates the relevance floor (recall_min_dense) left out
     below_cliff: int  # candidates after the score cliff (recall_score_cliff)
+    superseded: int = 0  # superseded facts left out of the order (include_superseded shows them)
 
 
 # -- 1. query analysis -------------------------------------------------------------------------
@@ -86,7 +88,8 @@ def analyse(engine, query: str, *, session_id: str | None = None, top_k: int | N
             tags: Sequence[str] | None = None, offset: int = 0, dense_weight: float | None = None, rrf_k: float | None = None,
             candidates: int | None = None, filters: Filters | dict | None = None, episode_weight: float | None = None,
             neighbour_weight: float | None = None, speaker_boost: float | None = None, min_dense: float | None = None,
-            score_cliff: float | None = None, time_boost: float | None = None, fusion: str | None = None) -> Plan:
+            score_cliff: float | None = None, time_boost: float | None = None, fusion: str | None = None,
+            include_superseded: bool = False) -> Plan:
     """The checked settings (None: the configured value); expired memories are purged first."""
     config = engine.config
     query = check_query(query)
@@ -105,11 +108,13 @@ def analyse(engine, query: str, *, session_id: str | None = None, top_k: int | N
     fusion = config.recall_fusion if fusion is None else fusion
     if fusion not in ("learned", "rrf"):
         raise InvalidInputError(f"fusion must be 'learned' or 'rrf', got {fusion!r}.")
+    if not isinstance(include_superseded, bool):
+        raise InvalidInputError(f"include_superseded must be true or false, got {include_superseded!r}.")
     # Resolved once per recall (dateparser only runs when the query has a date phrase).
     windows = when.question_windows(query, datetime.now()) if time_boost else []
     depth, session, tag_list, filters = scope(engine, session_id, tags, filters, candidates)
     return Plan(query, session, tag_list, filters, depth, top_k, offset, weight, k, episode_weight, neighbour_weight,
-                speaker_boost, min_dense, cliff, time_boost, fusion, windows)
+                speaker_boost, min_dense, cliff, time_boost, fusion, windows, include_superseded)
 
 
 def scope(engine, session_id, tags, filters, candidates) -> tuple[int, str | None, list[str], Filters]:
@@ -141,8 +146,9 @@ def search(engine, plan: Plan, depth: int, signals: Signals | None = None) -> Si
 
 # -- 3. fusion, relevance floor, re-rankers ------------------------------------------------------
 
-def order(engine, plan: Plan, found: Signals) -> tuple[list[Candidate], int]:
-    """The candidates in recall's order, and how many the relevance floor left out."""
+def order(engine, plan: Plan, found: Signals) -> tuple[list[Candidate], int, int]:
+    """The candidates in recall's order, how many the relevance floor left out, and how many
+    superseded facts :func:`current_facts` left out."""
     bm25_hits = list(found.bm25) if plan.keyword else []
     dense_hits = list(found.dense) if plan.dense else []
     with telemetry.operation("recall.fuse") as op:
@@ -150,13 +156,30 @@ def order(engine, plan: Plan, found: Signals) -> tuple[list[Candidate], int]:
         # The relevance floor: its own step, so re-rankers before or after it compose.
         ranked, below_floor = relevance_floor(ranked, plan.min_dense)
         op.set(candidates=len(ranked), below_floor=below_floor)
+    turns = False
     if ranked and (plan.fusion == "learned" or plan.episode_weight or plan.neighbour_weight or plan.speaker_boost):
         with telemetry.operation("recall.rerank", mode=plan.fusion):
-            ranked = rerank_conversation(engine, plan, ranked, dense_hits)
+            reranked = rerank_conversation(engine, plan, ranked, dense_hits)
+            turns = reranked is not ranked  # the same list back: no turns among the candidates, nothing re-scored
+            ranked = reranked
+    if ranked and plan.fusion == "learned" and not turns and 0.0 < plan.dense_weight < 1.0:
+        # Memories that are not turns: their BM25 and dense scores, not only ranks (SciFact train, notes/locomo.md).
+        ranked = score_fusion(ranked, dense_hits)
     if ranked and plan.windows:
         with telemetry.operation("recall.time_boost"):
             ranked = when.boost(ranked, engine.candidate_search.times([c.id for c in ranked]), plan.windows, plan.time_boost)
-    return ranked, below_floor
+    ranked, superseded = current_facts(engine, plan, ranked)
+    return ranked, below_floor, superseded
+
+
+def current_facts(engine, plan: Plan, ranked: list[Candidate]) -> tuple[list[Candidate], int]:
+    """Recall prefers current facts: a memory a newer one superseded (``supersedes`` on save) leaves the
+    order, unless ``include_superseded``; after the re-rankers, which may add neighbours. Returns the
+    order and how many it left out."""
+    if plan.include_superseded or not ranked:
+        return ranked, 0
+    outdated = engine.store.superseded_among(c.id for c in ranked)
+    return ([c for c in ranked if c.id not in outdated], len(outdated)) if outdated else (ranked, 0)
 
 
 def rerank_conversation(engine, plan: Plan, ranked: list[Candidate], dense_hits: list) -> list[Candidate]:
@@ -238,12 +261,12 @@ def window(engine, plan: Plan, ranked: list[Candidate]) -> list[dict]:
 def rank(engine, query: str, *, signals: Signals | None = None, **settings) -> Ranked:
     """Stages 1-5: ranked memories from ``offset`` on, before any budget. ``settings``: :func:`analyse`'s."""
     plan = analyse(engine, query, **settings)
-    ranked, below_floor = order(engine, plan, search(engine, plan, plan.depth, signals))
+    ranked, below_floor, superseded = order(engine, plan, search(engine, plan, plan.depth, signals))
     ranked, below_cliff = cut(plan, deepen(engine, plan, ranked))
     with telemetry.operation("recall.window") as op:
         memories = window(engine, plan, ranked)
         op.set(results=len(memories))
-    return Ranked(plan, memories, len(ranked), below_floor, below_cliff)
+    return Ranked(plan, memories, len(ranked), below_floor, below_cliff, superseded)
 
 
 # -- 6. the budget -------------------------------------------------------------------------------
@@ -278,6 +301,8 @@ def recall(engine, query: str, *, max_tokens: int | None = None, ranking: int = 
             "below_floor": ranked.below_floor,
             # Candidates after the score cliff (recall_score_cliff): clearly weaker than what was returned.
             "below_cliff": ranked.below_cliff,
+            # Superseded facts left out (include_superseded shows them, marked); only when there were some.
+            **({"superseded": ranked.superseded} if ranked.superseded else {}),
             "mode": engine.search_mode,
             "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
             **({"ranking": [{"id": m["id"], "rank": m["rank"], "scores": m["scores"]} for m in window[:ranking]]} if ranking else {}),
@@ -297,6 +322,7 @@ def recall_rendered(engine, query: str, *, max_tokens: int | None = None, detail
                                offset=ranked.plan.offset, detail=detail, session_id=ranked.plan.session,
                                extra={**({"below_floor": ranked.below_floor} if ranked.below_floor else {}),
                                       **({"below_cliff": ranked.below_cliff} if ranked.below_cliff else {}),
+                                      **({"superseded": ranked.superseded} if ranked.superseded else {}),
                                       **({"mode": "keyword"} if engine.embedder is None else {})} or None)
             render.set(results=len(page.chosen), tokens=page.tokens)
         op.set(mode=engine.search_mode, results=len(page.chosen), tokens=page.tokens, max_tokens=max_tokens, truncated=page.truncated,

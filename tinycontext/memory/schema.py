@@ -8,7 +8,7 @@ import sqlite3
 from . import codes
 from ..errors import StorageError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # Each migration runs in one transaction together with the user_version bump.
 MIGRATIONS: dict[int, str] = {
@@ -118,7 +118,20 @@ MIGRATIONS: dict[int, str] = {
     # v7: compact codes of every vector for the two-stage dense search (tinycontext/memory/codes.py), built
     # here for the vectors already stored; deleting a memory deletes its codes.
     7: lambda conn: _add_codes(conn),
+    # v8: facts that supersede facts. valid_from: since when the fact holds (NULL: since it was saved);
+    # valid_until and superseded_by: set on the old memory when a newer one supersedes it (recall then
+    # prefers the newer). The old memory and its history stay.
+    8: lambda conn: _add_validity(conn),
 }
+
+
+def _add_validity(conn) -> None:
+    # Each column only when missing: re-running the step on a database that has them changes nothing.
+    have = {r[1] for r in conn.execute("PRAGMA table_info(memories)")}
+    for column in ("valid_from TEXT", "valid_until TEXT", "superseded_by INTEGER"):
+        if column.split()[0] not in have:
+            conn.execute(f"ALTER TABLE memories ADD COLUMN {column}")
+    conn.execute("CREATE INDEX IF NOT EXISTS memories_superseded ON memories(superseded_by) WHERE superseded_by IS NOT NULL")
 
 
 def _add_codes(conn) -> None:

@@ -44,7 +44,9 @@ def insert_vectors(conn, ids, sessions, vectors: np.ndarray) -> None:
 
 
 MEMORY_COLUMNS = ("id, session_id, content, tags, metadata, tokens, created_at, updated_at, version, occurred_at, speaker, "
-                  "attachments, (SELECT key FROM episodes WHERE episodes.id = memories.episode_id)")
+                  "attachments, (SELECT key FROM episodes WHERE episodes.id = memories.episode_id), valid_from, valid_until, superseded_by")
+# Validity of facts (schema v8): in a memory's dict only when set, so current facts read as before.
+VALIDITY_FIELDS = ("valid_from", "valid_until", "superseded_by")
 
 
 def row_to_memory(row) -> dict:
@@ -53,6 +55,7 @@ def row_to_memory(row) -> dict:
         "metadata": json.loads(row[4]), "tokens": row[5], "created_at": row[6],
         "updated_at": row[7] or row[6], "version": row[8],
         "occurred_at": row[9], "speaker": row[10], "attachments": json.loads(row[11]), "episode": row[12],
+        **{k: v for k, v in zip(VALIDITY_FIELDS, row[13:16]) if v is not None},
     }
 
 
@@ -368,6 +371,11 @@ class Store:
                     memory["vector"] = blobs[r[0]]
                 yield memory
             last = rows[-1][0]
+
+    def superseded_among(self, ids: Iterable[int]) -> set[int]:
+        """Which of ``ids`` are facts a newer memory superseded (schema v8; a partial index makes it cheap)."""
+        return {r[0] for r in self.read("SELECT id FROM memories WHERE superseded_by IS NOT NULL AND id IN (SELECT value FROM json_each(?))",
+                                        (json.dumps([int(i) for i in ids]),))}
 
     def backup_into(self, path: Path) -> tuple[str, int]:
         """Copy the live database into a new file at ``path`` (SQLite's online backup API), left in

@@ -161,7 +161,8 @@ def create_app(config: TinyContextConfig | None = None, *, engine: MemoryEngine 
     @app.post("/recall_memories", response_model=RecallOutput, summary="Recall the most relevant memories within a token budget")
     def recall_memories(body: tools.RecallRequest) -> JSONResponse:
         page = engines().recall_rendered(body.query, session_id=body.session_id, max_tokens=body.max_tokens, top_k=body.top_k,
-                                         tags=body.tags, offset=body.offset, detail=body.detail, filters=body.filters)
+                                         tags=body.tags, offset=body.offset, detail=body.detail, filters=body.filters,
+                                         include_superseded=body.include_superseded)
         return JSONResponse(page.structured)
 
     @app.post("/get_memory", response_model=MemoryOutput, summary="One memory with its edit history")

@@ -27,6 +27,7 @@ class MemoryItem(_Open):
     rank: int | None = None
     tags: list[str] | None = None
     date: str | None = Field(None, description="YYYY-MM-DD of the last change (compact detail).")
+    superseded_by: int | None = Field(None, description="Set on an outdated fact (include_superseded): the id that replaced it.")
 
 
 class RecallOutput(_Open):
@@ -46,6 +47,7 @@ class Saved(BaseModel):
     index: int
     id: int
     tokens: int
+    supersedes: int | None = Field(None, description="The memory this one replaced.")
 
 
 class SaveOutput(_Open):
@@ -54,6 +56,8 @@ class SaveOutput(_Open):
     saved: list[Saved]
     skipped: list[dict[str, Any]] = Field(description="{index, reason: duplicate|near_duplicate, duplicate_of|similar_to}")
     near_duplicates: list[dict[str, Any]] = Field(description="{index, similar_to, similarity} of saved near-duplicates")
+    supersession_candidates: list[dict[str, Any]] | None = Field(
+        None, description="{index, supersedes, similarity, was, now}: stored facts these may replace (not applied)")
     total_tokens: int
 
 

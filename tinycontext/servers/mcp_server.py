@@ -69,6 +69,12 @@ def render_save(result: dict, *, can_update: bool) -> str:
     advice = "; if it restates that memory, update_memory it instead" if can_update else ""
     for near in result["near_duplicates"]:
         parts.append(f"memories[{near['index']}] is similar to id {near['similar_to']} (cosine {near['similarity']}){advice}.")
+    for done in result.get("saved", []) + result["skipped"]:
+        if done.get("supersedes"):
+            parts.append(f"memories[{done['index']}] supersedes id {done['supersedes']}.")
+    for candidate in result.get("supersession_candidates", []):
+        parts.append(f"memories[{candidate['index']}] may replace id {candidate['supersedes']} ({', '.join(candidate['was'])} -> "
+                     f"{', '.join(candidate['now'])}): if so, save it again with supersedes {candidate['supersedes']}.")
     return "\n".join(parts)
 
 
@@ -238,7 +244,7 @@ def build_server(config: TinyContextConfig | None = None) -> TinyContextMCP:
     async def recall(r: tools.RecallRequest):
         return await run(lambda engine: engine.recall_rendered(
             r.query, session_id=r.session_id, max_tokens=r.max_tokens, top_k=r.top_k, tags=r.tags, offset=r.offset,
-            detail=r.detail, filters=r.filters))
+            detail=r.detail, filters=r.filters, include_superseded=r.include_superseded))
 
     @tool("get_memory", memory_block)
     async def get(r: tools.IdRequest):

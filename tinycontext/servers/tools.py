@@ -61,6 +61,7 @@ class RecallRequest(Strict):
     offset: int = Field(0, description="Skip this many ranked results (paging).")
     filters: Filters | None = Field(None, description="tags_any, tags_all, metadata equality, created_at/updated_at/occurred_at ranges.")
     detail: Detail = Field("compact", description="compact: id, rank, content, tags, date; full: every field and the scores.")
+    include_superseded: bool = Field(False, description="Also return facts a newer memory superseded (marked superseded_by).")
 
 
 class IdRequest(Strict):
@@ -185,7 +186,7 @@ def specs(config: TinyContextConfig) -> list[ToolSpec]:
             "with speaker and occurred_at.",
             {"memories": {"type": "array", "items": _t(
                 "object", "Also: metadata {}, speaker, occurred_at (ISO 8601), attachments [text, e.g. image caption], "
-                          "episode, ttl_seconds, expires_at",
+                          "episode, ttl_seconds, expires_at, supersedes (id it replaces), valid_from",
                 properties={"content": {"type": "string"}, "tags": STRINGS}, required=["content"])},
              "session_id": SESSION, "episode": _t("string", "Episode of memories that name none")},
             SaveRequest, ("memories",)),
@@ -197,7 +198,8 @@ def specs(config: TinyContextConfig) -> list[ToolSpec]:
             {"query": _t("string", "Question or keywords"), "max_tokens": {"type": "integer"},
              "top_k": _t("integer", f"default {config.recall_top_k}"), "session_id": _t("string", "Only this session"),
              "tags": {**STRINGS, "description": "Any of these tags"}, "filters": FILTERS, "offset": {"type": "integer"},
-             "detail": {"enum": list(DETAILS), "description": "full: also metadata, session, versions, scores"}},
+             "detail": {"enum": list(DETAILS), "description": "full: also metadata, session, versions, scores"},
+             "include_superseded": {"type": "boolean"}},
             RecallRequest, ("query",), read_only=True),
         ToolSpec(
             "get_memory", "manage", "Get a memory",
