@@ -118,9 +118,7 @@ class TinyContextConfig(BaseModel):
     # How conversation turns are ranked: "learned" (a linear score over each candidate turn's BM25, dense,
     # episode, neighbour, speaker and length signals, fitted on LoCoMo dev: retrieval/conversation.py FUSION_WEIGHTS) or
     # "rrf" (weighted RRF plus the three hand-tuned settings above, which "learned" does not use). Memories
-    # that are not turns: "learned" ranks them by their BM25 and dense scores relative to each list's best
-    # (retrieval/fusion.py score_fusion; recall_dense_weight and recall_rrf_k only choose the candidates and
-    # single-list modes), "rrf" by weighted RRF (notes/locomo.md).
+    # that are not turns are ranked by weighted RRF either way (notes/locomo.md).
     recall_fusion: Literal["learned", "rrf"] = "learned"
     # Time a question names ("on 13 October 2023", "in May", "last week"; tinycontext/retrieval/time_windows.py): a memory
     # that happened then (occurred_at, else when it was saved) scores x(1 + boost). 0: off (notes/locomo.md).
