@@ -188,14 +188,16 @@ class _QuantBlock:
         found = positions[0][positions[0] >= 0]
         ids = self.ids[found]
         if self._codes is not None:
-            return ids, codes.scores(self._codes[found], query, self.centre)
+            with _one_blas_thread():
+                return ids, codes.scores(self._codes[found], query, self.centre)
         packed = dict(conn.execute("SELECT memory_id, codes FROM memory_codes WHERE memory_id IN (SELECT value FROM json_each(?))",
                                    (json.dumps(ids.tolist()),)).fetchall())
         ids = np.array([i for i in ids.tolist() if i in packed], np.int64)  # a code missing: the stamp catches that change
         if not len(ids):
             return ids, np.zeros(0, np.float32)
         matrix = np.frombuffer(b"".join(packed[i] for i in ids.tolist()), np.uint8).reshape(len(ids), -1)
-        return ids, codes.scores(matrix, query, self.centre)
+        with _one_blas_thread():
+            return ids, codes.scores(matrix, query, self.centre)
 
 
 def _grown(array: np.ndarray, n: int, capacity: int, width: int) -> np.ndarray:
