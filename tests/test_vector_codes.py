@@ -10,6 +10,7 @@ import pytest
 
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.memory import codes
+from tinycontext.memory.schema import SCHEMA_VERSION
 from tinycontext.memory.store import Store
 
 N_SENTENCES = 120
@@ -51,9 +52,14 @@ def _exact(eng: MemoryEngine, query: str, k: int, tag: str | None = None) -> lis
     return ids[np.argsort(-scores, kind="stable")[:k]].tolist()
 
 
-def test_two_stage_recall_at_10_matches_exact_search(tmp_path, corpus, real_embedder):
+# The rescoring reads int8 codes from the database (0) or from the copy held in RAM beside the bits.
+CODES_MAX = pytest.mark.parametrize("codes_max", [0, 1_000_000], ids=["codes-on-disk", "codes-in-ram"])
+
+
+@CODES_MAX
+def test_two_stage_recall_at_10_matches_exact_search(tmp_path, corpus, real_embedder, codes_max):
     memories, queries = corpus
-    with _engine(tmp_path / "m.db", real_embedder, vector_cache_max=500) as eng:
+    with _engine(tmp_path / "m.db", real_embedder, vector_cache_max=500, vector_codes_max=codes_max) as eng:
         for start in range(0, len(memories), 1000):
             assert eng.import_memories(memories[start:start + 1000], session_id="s")["embedded"] == 0
         got = [[i for i, _ in eng.candidate_search.dense(q, "s", [], 10)] for q in queries]
@@ -67,11 +73,14 @@ def test_two_stage_recall_at_10_matches_exact_search(tmp_path, corpus, real_embe
         assert np.mean([len(set(f) & set(_exact(eng, q, 10, "odd"))) / 10 for f, q in zip(filtered, queries)]) >= 0.99
 
 
-def test_codes_follow_every_write(tmp_path, corpus, real_embedder):
+@CODES_MAX
+def test_codes_follow_every_write(tmp_path, corpus, real_embedder, codes_max):
     memories, _ = corpus
-    with _engine(tmp_path / "m.db", real_embedder, vector_cache_max=50) as eng:
+    with _engine(tmp_path / "m.db", real_embedder, vector_cache_max=50, vector_codes_max=codes_max) as eng:
         ids = eng.import_memories(memories[:200], session_id="s")["ids"]
+        eng.candidate_search.dense("warm the two-stage copy", "s", [], 1)  # loaded: the writes below edit it in place
         ids += eng.save(["The committee moved the hearing to Tuesday."], session_id="s")["ids"]
+        assert eng.index.quantized_size == len(ids)
 
         def coded() -> set[int]:
             bits = {r[0] for r in eng.store.read("SELECT memory_id FROM memory_bits WHERE session_id = 's'")}
@@ -81,8 +90,10 @@ def test_codes_follow_every_write(tmp_path, corpus, real_embedder):
         assert coded() == set(ids)
         eng.delete(ids[0])
         assert ids[0] not in coded()
+        assert ids[0] not in [i for i, _ in eng.candidate_search.dense(memories[0]["content"], "s", [], 5)]
         eng.update(ids[5], "A completely different memory about sea turtles nesting on beaches.")
         assert eng.candidate_search.dense("sea turtles nesting on beaches", "s", [], 1)[0][0] == ids[5]
+        assert eng.index.quantized_size == len(ids) - 1  # the copy was edited in place, not reloaded
         # The packed codes of the updated memory are its new vector's.
         stored = np.frombuffer(eng.store.read("SELECT embedding FROM memory_vectors WHERE memory_id = ?", (ids[5],))[0][0], np.float32)
         packed = np.frombuffer(eng.store.read("SELECT codes FROM memory_codes WHERE memory_id = ?", (ids[5],))[0][0], np.uint8)
@@ -102,6 +113,6 @@ def test_migration_to_v7_codes_the_stored_vectors(tmp_path, corpus, real_embedde
             conn.execute(statement)
     raw.close()
     with _engine(path, real_embedder, vector_cache_max=10) as eng:
-        assert eng.store.schema_version == 7
+        assert eng.store.schema_version == SCHEMA_VERSION  # v7 and every later migration ran
         assert {r[0] for r in eng.store.read("SELECT memory_id FROM memory_codes")} == set(ids)
         assert eng.candidate_search.dense(memories[7]["content"], "s", [], 1)[0][0] == ids[7]

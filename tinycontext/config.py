@@ -118,9 +118,7 @@ class TinyContextConfig(BaseModel):
     # How conversation turns are ranked: "learned" (a linear score over each candidate turn's BM25, dense,
     # episode, neighbour, speaker and length signals, fitted on LoCoMo dev: retrieval/conversation.py FUSION_WEIGHTS) or
     # "rrf" (weighted RRF plus the three hand-tuned settings above, which "learned" does not use). Memories
-    # that are not turns: "learned" ranks them by their BM25 and dense scores relative to each list's best
-    # (retrieval/fusion.py score_fusion; recall_dense_weight and recall_rrf_k only choose the candidates and
-    # single-list modes), "rrf" by weighted RRF (notes/locomo.md).
+    # that are not turns are ranked by weighted RRF either way (notes/locomo.md).
     recall_fusion: Literal["learned", "rrf"] = "learned"
     # Time a question names ("on 13 October 2023", "in May", "last week"; tinycontext/retrieval/time_windows.py): a memory
     # that happened then (occurred_at, else when it was saved) scores x(1 + boost). 0: off (notes/locomo.md).
@@ -147,6 +145,9 @@ class TinyContextConfig(BaseModel):
     # Bigger sessions are searched in two stages up to this many vectors: sign bits in RAM (~56 bytes a
     # vector with its id), int8 codes read from the database for the candidates (tinycontext/memory/vector_index.py).
     vector_quantized_max: int = Field(20_000_000, ge=0)
+    # Two-stage sessions up to this many vectors also hold their int8 codes in RAM (388 bytes a vector at
+    # 384 dimensions) for the rescoring, instead of reading the candidates' codes from the database per query.
+    vector_codes_max: int = Field(2_000_000, ge=0)
     # Read-only connections recall and other reads use at once (WAL: they do not wait for each other or
     # for a write); 0: reads share the write connection.
     read_connections: int = Field(4, ge=0, le=64)

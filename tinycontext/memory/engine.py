@@ -63,7 +63,8 @@ class MemoryEngine:
         except BaseException:  # do not leave the file open
             self.store.close()
             raise
-        self.index = VectorIndex(self.store, self.config.vector_cache_max, self.config.vector_quantized_max)
+        self.index = VectorIndex(self.store, self.config.vector_cache_max, self.config.vector_quantized_max,
+                                 self.config.vector_codes_max)
         self.progress = progress
         self.candidate_search = CandidateSearch(self.store, self.index, self.config, lambda: self.embedder)
 
@@ -161,7 +162,8 @@ class MemoryEngine:
         saved: list[dict] = []
         skipped: list[dict] = []
         near: list[dict] = []
-        check = vectors is not None and self.config.dedup_mode != "off"
+        # Imports keep what they bring: no near-duplicate check, so no neighbours to look up.
+        check = vectors is not None and stored is None and self.config.dedup_mode != "off"
         if check:
             self.index.prepare(session)
         with self.index.write() as conn:
@@ -198,7 +200,7 @@ class MemoryEngine:
                         skipped[-1]["supersedes"] = item.supersedes
                     continue
                 similar = None
-                if check and restored is None:
+                if check:
                     similar = _nearest(neighbours[i] if neighbours is not None else self._vec0_nearest(conn, session, vector), vector, batch_kept)
                 if similar and similar[0] == item.supersedes:
                     similar = None  # the memory it replaces is expected to be close

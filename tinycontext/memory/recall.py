@@ -30,7 +30,7 @@ from ..budget.tokens import fit_budget
 from ..errors import InvalidInputError, RecallBudgetError, SessionNotFoundError
 from ..retrieval import conversation, time_windows as when
 from ..retrieval.filters import Filters, parse_filters
-from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_floor, score_fusion
+from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_floor
 from . import browse
 from .checks import check_int, check_number, check_query, check_session, normalise_tags
 from .store import read_memories
@@ -156,15 +156,9 @@ def order(engine, plan: Plan, found: Signals) -> tuple[list[Candidate], int, int
         # The relevance floor: its own step, so re-rankers before or after it compose.
         ranked, below_floor = relevance_floor(ranked, plan.min_dense)
         op.set(candidates=len(ranked), below_floor=below_floor)
-    turns = False
     if ranked and (plan.fusion == "learned" or plan.episode_weight or plan.neighbour_weight or plan.speaker_boost):
         with telemetry.operation("recall.rerank", mode=plan.fusion):
-            reranked = rerank_conversation(engine, plan, ranked, dense_hits)
-            turns = reranked is not ranked  # the same list back: no turns among the candidates, nothing re-scored
-            ranked = reranked
-    if ranked and plan.fusion == "learned" and not turns and 0.0 < plan.dense_weight < 1.0:
-        # Memories that are not turns: their BM25 and dense scores, not only ranks (SciFact train, notes/locomo.md).
-        ranked = score_fusion(ranked, dense_hits)
+            ranked = rerank_conversation(engine, plan, ranked, dense_hits)
     if ranked and plan.windows:
         with telemetry.operation("recall.time_boost"):
             ranked = when.boost(ranked, engine.candidate_search.times([c.id for c in ranked]), plan.windows, plan.time_boost)

@@ -165,17 +165,16 @@ def _jsonl_rows(engine: MemoryEngine, lines: Iterable[str], source: str) -> Iter
             vector = decode_vector(record.get("vector"), identity["dimensions"], where) if reuse_vectors else None
             memory.update(id=old_id, created_at=created, history=_history(record.get("history") or [], where),
                           vector=None if vector is None else vector.tobytes())
-            memory.setdefault("uid", _stable_uid(session, old_id, record.get("created_at"), record.get("content")))
+            if "uid" not in memory:
+                memory["uid"] = _stable_uid(session, old_id, record.get("created_at"), record.get("content"))
             yield Pending(where, session, memory)
         else:
             raise bad(where, f"unknown record type {kind!r}.")
 
 
 def import_jsonl(engine: MemoryEngine, stream: IO[str] | Iterable[str], *, source: str = "<stream>", dry_run: bool = False) -> ImportReport:
-    """Import an export stream (held in memory: it is read twice, to check and to write). Every
-    memory keeps its uid, so importing the same file again adds nothing."""
-    lines = list(stream)
-    return run(engine, lambda: _jsonl_rows(engine, lines, source), ImportReport(source=source, dry_run=dry_run))
+    """Import an export stream. Every memory keeps its uid, so importing the same file again adds nothing."""
+    return run(engine, lambda: _jsonl_rows(engine, stream, source), ImportReport(source=source, dry_run=dry_run))
 
 
 def _file_rows(engine: MemoryEngine, path: Path, session_id: str | None = None) -> Iterator[Pending | tuple]:
@@ -234,8 +233,7 @@ def import_path(engine: MemoryEngine, path: str | os.PathLike, *, format: str = 
 
 
 def import_file(engine: MemoryEngine, path: str | os.PathLike, *, dry_run: bool = False) -> ImportReport:
-    """Import a JSONL export (read from disk twice, to check and to write: memory stays bounded),
-    or a legacy TinyContext (tinysuite-context) SQLite database."""
+    """Import a JSONL export (streamed from disk: memory stays bounded), or a legacy TinyContext (tinysuite-context) SQLite database."""
     return import_path(engine, path, dry_run=dry_run)
 
 

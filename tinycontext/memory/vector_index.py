@@ -22,8 +22,10 @@ searched in two stages over the compact codes every vector has beside it (tinyco
 up to ``quantized_max`` vectors (``vector_quantized_max``; 0: never): the sign bits of all the
 session's rows are held in RAM (48 bytes a vector at 384 dimensions: 10M vectors take ~560 MB with
 their ids) and scanned by Hamming distance (faiss, one thread, filters applied inside the scan as a
-bitmap); the best :func:`rescore_depth` are rescored by their int8 codes, read from ``memory_codes``
-by id (the int8 codes stay on disk, in the SQLite file, so RSS does not grow with them). Scores are
+bitmap); the best :func:`rescore_depth` are rescored by their int8 codes: held in RAM beside the bits
+for sessions up to ``codes_max`` vectors (``vector_codes_max``; 388 bytes a vector), else read from
+``memory_codes`` by id per query (the codes then stay on disk, so RSS does not grow with them, but
+those reads cost most of the query: notes/bench_scale.md). Scores are
 those int8 cosines, within ~1e-3 of the exact ones; tests/test_vector_codes.py checks recall@10
 against exact float search, scripts/bench_scale.py measures it at 100k-10M. Sessions larger still,
 and searches across all sessions when they hold more than ``max_vectors``, return None and the
@@ -113,44 +115,54 @@ class _Block:
 
 class _QuantBlock:
     """A session held as sign bits (tinycontext/memory/codes.py) for the two-stage search: every row's
-    bits in RAM (48 bytes at 384 dimensions), its int8 codes read from ``memory_codes`` for the
-    candidates only. Rows are in ``memory_bits`` order (by id) as loaded, appends after them."""
+    bits in RAM (48 bytes at 384 dimensions), its int8 codes too when ``with_codes`` (else read from
+    ``memory_codes`` for the candidates only). Rows are in ``memory_bits`` order (by id) as loaded,
+    appends after them."""
 
     quantized = True
 
-    def __init__(self, expected: int = 0, centre: np.ndarray | None = None):
+    def __init__(self, expected: int = 0, centre: np.ndarray | None = None, with_codes: bool = False):
         self.n = 0
         self._expected = expected
         self.centre = centre
         self._ids = np.zeros(0, np.int64)
         self._bits = np.zeros((0, 0), np.uint8)
+        self._codes = np.zeros((0, 0), np.uint8) if with_codes else None
 
     @property
     def ids(self) -> np.ndarray:
         return self._ids[: self.n]
 
-    def append_bits(self, ids: np.ndarray, bits: np.ndarray) -> None:
+    def append_bits(self, ids: np.ndarray, bits: np.ndarray, packed: np.ndarray | None = None) -> None:
+        """Append rows' bits and (when held) their int8 codes ``packed``."""
         need = self.n + len(ids)
         if need > len(self._ids):
             capacity = max(need, self.n + self.n // 8, self._expected, 64)
-            grown = np.zeros((capacity, bits.shape[1]), np.uint8)
-            if self.n:
-                grown[: self.n] = self._bits[: self.n]
-            self._bits = grown
+            self._bits = _grown(self._bits, self.n, capacity, bits.shape[1])
+            if self._codes is not None:
+                self._codes = _grown(self._codes, self.n, capacity, packed.shape[1])
             self._ids = np.concatenate([self.ids, np.zeros(capacity - self.n, np.int64)])
         self._ids[self.n:need], self._bits[self.n:need] = ids, bits
+        if self._codes is not None:
+            self._codes[self.n:need] = packed
         self.n = need
 
     def append(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        self.append_bits(ids, codes.sign_bits(rows, self.centre))
+        packed = codes.int8_codes(rows, self.centre) if self._codes is not None else None
+        self.append_bits(ids, codes.sign_bits(rows, self.centre), packed)
 
     def replace(self, memory_id: int, row: np.ndarray) -> None:
-        self._bits[np.flatnonzero(self.ids == memory_id)] = codes.sign_bits(row[None, :], self.centre)
+        at = np.flatnonzero(self.ids == memory_id)
+        self._bits[at] = codes.sign_bits(row[None, :], self.centre)
+        if self._codes is not None:
+            self._codes[at] = codes.int8_codes(row[None, :], self.centre)
 
     def remove(self, memory_id: int) -> None:
         for i in np.flatnonzero(self.ids == memory_id)[::-1]:
             last = self.n - 1
             self._ids[i], self._bits[i] = self._ids[last], self._bits[last]
+            if self._codes is not None:
+                self._codes[i] = self._codes[last]
             self.n = last
 
     def search(self, conn, query: np.ndarray, count: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -175,13 +187,24 @@ class _QuantBlock:
         faiss.hammings_knn_hc(heap, faiss.swig_ptr(q_bits), faiss.swig_ptr(bits), self.n, bits.shape[1], 0, faiss.EXACT_TOPK, selector)
         found = positions[0][positions[0] >= 0]
         ids = self.ids[found]
+        if self._codes is not None:
+            with _one_blas_thread():
+                return ids, codes.scores(self._codes[found], query, self.centre)
         packed = dict(conn.execute("SELECT memory_id, codes FROM memory_codes WHERE memory_id IN (SELECT value FROM json_each(?))",
                                    (json.dumps(ids.tolist()),)).fetchall())
         ids = np.array([i for i in ids.tolist() if i in packed], np.int64)  # a code missing: the stamp catches that change
         if not len(ids):
             return ids, np.zeros(0, np.float32)
         matrix = np.frombuffer(b"".join(packed[i] for i in ids.tolist()), np.uint8).reshape(len(ids), -1)
-        return ids, codes.scores(matrix, query, self.centre)
+        with _one_blas_thread():
+            return ids, codes.scores(matrix, query, self.centre)
+
+
+def _grown(array: np.ndarray, n: int, capacity: int, width: int) -> np.ndarray:
+    grown = np.zeros((capacity, width), array.dtype)
+    if n:
+        grown[:n] = array[:n]
+    return grown
 
 
 def rescore_depth(count: int) -> int:
@@ -203,10 +226,11 @@ class VectorIndex:
     take the lock, :meth:`nearest` runs inside :meth:`write`.
     """
 
-    def __init__(self, store: Store, max_vectors: int, quantized_max: int = 0):
+    def __init__(self, store: Store, max_vectors: int, quantized_max: int = 0, codes_max: int = 0):
         self.store = store
         self.max_vectors = max_vectors
         self.quantized_max = quantized_max
+        self.codes_max = codes_max
         self._blocks: OrderedDict[str, _Block] = OrderedDict()  # least recently used first
         self._complete = False  # every session is loaded (recall across all sessions)
         self._stamp: tuple[int, int] | None = None
@@ -316,19 +340,26 @@ class VectorIndex:
             self._complete = False
         # Headroom for the session's next saves, so they append without copying the matrix.
         if quantized:
-            block = self._read_bits(session, expected=count + count // 8)
+            block = self._read_bits(session, expected=count + count // 8, with_codes=count <= self.codes_max)
         else:
             block = self._read(" WHERE session_id = ?", (session,), lambda _: session, expected=count + count // 8).get(session) or _Block()
         self._blocks[session] = block
         return block
 
-    def _read_bits(self, session: str, expected: int) -> _QuantBlock:
-        """A session's sign bits from ``memory_bits`` (one range scan of its primary key)."""
-        block = _QuantBlock(expected, codes.centre(self.store.conn))
-        cursor = self.store.conn.execute("SELECT memory_id, bits FROM memory_bits WHERE session_id = ?", (session,))
+    def _read_bits(self, session: str, expected: int, with_codes: bool) -> _QuantBlock:
+        """A session's sign bits from ``memory_bits`` (one range scan of its primary key), with their
+        int8 codes from ``memory_codes`` when ``with_codes``."""
+        block = _QuantBlock(expected, codes.centre(self.store.conn), with_codes)
+        if with_codes:  # a code missing (another process mid-write): the row waits for the stamp to reload
+            sql = ("SELECT b.memory_id, b.bits, c.codes FROM memory_bits b JOIN memory_codes c ON c.memory_id = b.memory_id "
+                   "WHERE b.session_id = ? ORDER BY b.memory_id")
+        else:
+            sql = "SELECT memory_id, bits FROM memory_bits WHERE session_id = ?"
+        cursor = self.store.conn.execute(sql, (session,))
         while rows := cursor.fetchmany(LOAD_SLICE * 8):
             bits = np.frombuffer(b"".join(r[1] for r in rows), np.uint8).reshape(len(rows), -1)
-            block.append_bits(np.array([r[0] for r in rows], np.int64), bits)
+            packed = np.frombuffer(b"".join(r[2] for r in rows), np.uint8).reshape(len(rows), -1) if with_codes else None
+            block.append_bits(np.array([r[0] for r in rows], np.int64), bits, packed)
         return block
 
     def _all(self) -> list[_Block] | None:

@@ -186,7 +186,7 @@ def specs(config: TinyContextConfig) -> list[ToolSpec]:
             "with speaker and occurred_at.",
             {"memories": {"type": "array", "items": _t(
                 "object", "Also: metadata {}, speaker, occurred_at (ISO 8601), attachments [text, e.g. image caption], "
-                          "episode, ttl_seconds, expires_at, supersedes (id of the fact it replaces), valid_from",
+                          "episode, ttl_seconds, expires_at, supersedes (id it replaces), valid_from",
                 properties={"content": {"type": "string"}, "tags": STRINGS}, required=["content"])},
              "session_id": SESSION, "episode": _t("string", "Episode of memories that name none")},
             SaveRequest, ("memories",)),

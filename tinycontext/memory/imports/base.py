@@ -125,6 +125,9 @@ def _import_chunk(engine: MemoryEngine, chunk: list[Pending], report: ImportRepo
             result = engine.import_memories([p.memory for p in group], session_id=session)
         except InvalidInputError as exc:
             index = exc.details.get("index")
+            if index is None:  # the chunk's check does not say which record: check them one by one to name it
+                for pending in group:
+                    _check(engine, pending)
             raise bad(group[index].where if index is not None else group[0].where, exc.message) from exc
         report.imported += len(result["ids"])
         report.new_ids += result["ids"]
@@ -140,18 +143,10 @@ class _DryRun(Exception):
 
 
 def run(engine: MemoryEngine, items: Callable[[], Iterable], report: ImportReport) -> ImportReport:
-    """Check every record first (``items()`` is read twice), then write them all in one transaction:
-    a bad record anywhere in a file imports nothing, and an interrupted import leaves nothing half done.
-    A dry run (``report.dry_run``) does the same work and rolls the transaction back, so its counts
-    are what the import would do and the database is left as it was."""
-    for item in items():
-        if isinstance(item, tuple):
-            try:
-                check_session(item[1])
-            except InvalidInputError as exc:
-                raise bad(item[3], exc.message) from exc
-        elif isinstance(item, Pending):
-            _check(engine, item)
+    """Check and write every record in one transaction, a chunk at a time: a bad record anywhere in
+    a file rolls back all of it, so it imports nothing and an interrupted import leaves nothing half
+    done. A dry run (``report.dry_run``) does the same work and rolls the transaction back, so its
+    counts are what the import would do and the database is left as it was."""
     chunk: list[Pending] = []
     try:
         with engine.index.write():
