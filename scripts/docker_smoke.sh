@@ -280,7 +280,7 @@ run_fails read-only-empty-volume "storage_error: Cannot open database /data/memo
 compose stop >/dev/null 2>&1
 run_fails read-only-data-volume "Its folder is not writable (a read-only volume or mount?)" \
     -v "${COMPOSE_PROJECT_NAME}_tinycontext-data:/data:ro" -e TINYCONTEXT_API_TOKEN="$TOKEN" "$IMAGE"
-run_fails full-volume-at-start "database or disk is full. Free space on its disk or volume" --tmpfs "/data:size=64k,uid=$user,gid=$user" -e TINYCONTEXT_API_TOKEN="$TOKEN" "$IMAGE"
+run_fails full-volume-at-start "database or disk is full" --tmpfs "/data:size=64k,uid=$user,gid=$user" -e TINYCONTEXT_API_TOKEN="$TOKEN" "$IMAGE"
 
 # A volume that fills up while serving: saves fail with storage_error, the server keeps answering, nothing is lost.
 full_port=$(free_port)
