@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Release check for the Docker tier (README.md, section Docker). Run as root on a Debian-like machine
+# Release check for the Docker tier (docs/docker.md). Run as root on a Debian-like machine
 # from a clone whose .venv exists (bash scripts/setup.sh): the MCP SDK client runs from it.
 #
 #   sudo bash scripts/docker_smoke.sh
@@ -72,7 +72,7 @@ if ! docker info >/dev/null 2>&1; then
     for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
     docker info >/dev/null 2>&1 || die "dockerd did not start: $(tail -5 "$WORK/dockerd.log")"
 fi
-# `docker compose` (v2 plugin) where it exists, else docker-compose (v1), so README's commands run as written.
+# `docker compose` (v2 plugin) where it exists, else docker-compose (v1), so docs/docker.md's commands run as written.
 if docker compose version >/dev/null 2>&1; then
     compose() { docker compose "$@"; }
 else
@@ -150,19 +150,18 @@ command docker exec -i "$NONET" python - basic --mcp http://127.0.0.1:8765/mcp -
 command docker rm -f "$NONET" >/dev/null
 [ -z "${QUICK:-}" ] || exit 0
 
-# -- README's commands, verbatim ----------------------------------------------------------------
+# -- docs/docker.md's commands, verbatim ----------------------------------------------------------------
 export MCP_PUBLISH_PORT=$(free_port) REST_PUBLISH_PORT=$(free_port)
 MCP=http://127.0.0.1:$MCP_PUBLISH_PORT/mcp
 REST=http://127.0.0.1:$REST_PUBLISH_PORT
-readme_block=$(awk '/^## Docker/ {inside = 1; next} inside && /^## / {exit} inside' README.md \
-               | awk '/^```bash/ {grab = 1; next} grab && /^```/ {exit} grab')
-[ -n "$readme_block" ] || die "README.md has no bash block in its Docker section"
+readme_block=$(awk '/^```bash/ {grab = 1; next} grab && /^```/ {exit} grab' docs/docker.md)
+[ -n "$readme_block" ] || die "docs/docker.md has no bash block"
 printf '%s\n' "$readme_block" >"$WORK/readme_commands.sh"
-log "running README's Docker commands:"; sed 's/^/    /' "$WORK/readme_commands.sh"
+log "running docs/docker.md's commands:"; sed 's/^/    /' "$WORK/readme_commands.sh"
 unset TINYCONTEXT_API_TOKEN
 t0=$SECONDS
-eval "$readme_block" >"$WORK/compose_up.log" 2>&1 || die "README commands failed: $(tail -20 "$WORK/compose_up.log")"
-[ -n "${TINYCONTEXT_API_TOKEN:-}" ] || die "README commands did not set TINYCONTEXT_API_TOKEN"
+eval "$readme_block" >"$WORK/compose_up.log" 2>&1 || die "docs/docker.md's commands failed: $(tail -20 "$WORK/compose_up.log")"
+[ -n "${TINYCONTEXT_API_TOKEN:-}" ] || die "docs/docker.md's commands did not set TINYCONTEXT_API_TOKEN"
 TOKEN=$TINYCONTEXT_API_TOKEN
 
 container_of() { compose ps -q "$1"; }
@@ -226,7 +225,7 @@ command docker logs "$mcp_id" 2>&1 | grep -q "TinyContext stopped: requests fini
     || fail "docker stop during a burst: exit code $code, logs: $(command docker logs --tail 10 "$mcp_id" 2>&1)"
 compose start mcp >/dev/null 2>&1
 wait_healthy "$(container_of mcp)" >/dev/null || die "mcp did not come back after the stop"
-client verify --mcp "$MCP" --acked "$WORK/acked.jsonl" >"$WORK/verify.json" \
+client verify --rest "$REST" --acked "$WORK/acked.jsonl" >"$WORK/verify.json" \
     && pass "every acknowledged save is there after the restart: $(cat "$WORK/verify.json")" || fail "lost saves: $(cat "$WORK/verify.json")"
 
 # -- save/recall latency from outside vs inside the container -------------------------------------

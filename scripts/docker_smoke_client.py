@@ -133,18 +133,17 @@ async def burst(args) -> dict:
 
 
 async def verify(args) -> dict:
+    """Every acknowledged save, read back by id through the REST API (the MCP server's default tool
+    profile has no get_memory); the REST service reads the same volume."""
     with open(args.acked, encoding="utf-8") as file:
         acked = [json.loads(line) for line in file if line.strip()]
-
-    async def work(session: ClientSession) -> dict:
-        lost = []
+    lost = []
+    with httpx.Client(base_url=args.rest, headers={"Authorization": f"Bearer {args.token}"}, timeout=60) as client:
         for memory_id, content in acked:
-            got = await session.call_tool("get_memory", {"id": memory_id})
-            if got.isError or got.structuredContent.get("content") != content:
+            got = client.post("/get_memory", json={"id": memory_id})
+            if got.status_code != 200 or got.json().get("content") != content:
                 lost.append(memory_id)
-        return {"acknowledged": len(acked), "lost": lost}
-
-    result = await with_session(args.mcp, args.token, work)
+    result = {"acknowledged": len(acked), "lost": lost}
     check(acked and not result["lost"], f"acknowledged saves missing after the restart: {result}")
     return result
 
@@ -195,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["basic", "recall", "burst", "verify", "bench"])
     parser.add_argument("--mcp", help="MCP endpoint, e.g. http://127.0.0.1:8765/mcp (bench: optional)")
-    parser.add_argument("--rest", help="REST base URL")
+    parser.add_argument("--rest", help="REST base URL (verify: required)")
     parser.add_argument("--token", required=True)
     parser.add_argument("--expect")
     parser.add_argument("--out")
@@ -203,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--n", type=int, default=40)
     args = parser.parse_args(argv)
-    if args.command != "bench" and not args.mcp:
+    if args.command == "verify" and not args.rest:
+        parser.error("verify needs --rest")
+    if args.command not in ("bench", "verify") and not args.mcp:
         parser.error(f"{args.command} needs --mcp")
     try:
         result = anyio.run(globals()[args.command], args)

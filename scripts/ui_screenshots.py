@@ -53,6 +53,9 @@ def main() -> None:
             first = ids["project-atlas"][0]
             engine.update(first, "The staging database is Postgres 16 on db-staging.internal, port 5432.")
             engine.update(first, tags=["infra", "db", "staging"])
+            release = ids["project-atlas"][1]
+            engine.save([{"content": "Releases go out on Wednesdays after the 10:00 review (from March).", "tags": ["process"],
+                          "supersedes": release}], session_id="project-atlas")
             with background(create_app(engine=engine, settings=ServeSettings())) as base, sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=str(find_executable(config)), args=LAUNCH_ARGS,
                                             chromium_sandbox=sandboxed())
@@ -82,6 +85,12 @@ def main() -> None:
                 page.goto(f"{base}/ui#memory/{first}")
                 page.locator("#history-table tbody tr").nth(1).wait_for()
                 shot("memory")
+                page.goto(f"{base}/ui#browse")
+                page.get_by_label("Session", exact=True).select_option("project-atlas")
+                page.get_by_label("Tags (any of, comma-separated)").fill("process")
+                page.get_by_role("button", name="Apply filters").click()
+                page.get_by_text("2 memories match").wait_for()
+                shot("superseded")
                 browser.close()
 
 

@@ -68,6 +68,19 @@ def test_search_shows_the_agents_answer_cost_and_every_score(served, hash_engine
     assert small["answer"]["max_tokens"] == 64 and small["answer"]["text_tokens"] <= 64
 
 
+def test_superseded_facts_are_marked_and_search_prefers_current_ones(served, hash_engine):
+    old = hash_engine.save([{"content": "The office wifi password is apple-pie"}], session_id="proj")["ids"][0]
+    new = hash_engine.save([{"content": "The office wifi password is banana-split", "supersedes": old}], session_id="proj")["ids"][0]
+    shown = served.get(f"/ui/api/memory/{old}").json()
+    assert shown["superseded_by"] == new and shown["valid_until"]
+    assert "superseded_by" not in served.get(f"/ui/api/memory/{new}").json()
+    current = served.post("/ui/api/search", json={"query": "office wifi password"}).json()
+    assert old not in [m["id"] for m in current["ranked"]] and current["superseded"] == 1
+    everything = served.post("/ui/api/search", json={"query": "office wifi password", "include_superseded": True}).json()
+    marked = {m["id"]: m.get("superseded_by") for m in everything["ranked"]}
+    assert marked[old] == new and marked[new] is None
+
+
 def test_list_filters_by_speaker_tags_metadata_and_dates(served):
     def ids(**body):
         return [m["content"] for m in served.post("/ui/api/list", json=body).json()["memories"]]

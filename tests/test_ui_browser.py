@@ -213,9 +213,33 @@ def test_keyboard_alone_reaches_the_views_and_the_search_controls_in_reading_ord
     page.keyboard.press("Enter")  # follows the Search link
     page.wait_for_function("document.activeElement && document.activeElement.id === 'q'")
     order = []
-    for _ in range(4):
+    for _ in range(5):
         page.keyboard.press("Tab")
         order.append(page.evaluate("document.activeElement.id || document.activeElement.textContent.trim()"))
-    assert order == ["search-session", "search-budget", "search-detail", "Search"]
+    assert order == ["search-session", "search-budget", "search-detail", "search-superseded", "Search"]
     # Every clickable control is a real button or link, so Enter and Space work on it.
     assert page.evaluate("[...document.querySelectorAll('[onclick], [role=button]')].length") == 0
+
+
+def test_a_superseded_fact_is_marked_and_links_to_the_current_one(ui, hash_engine):
+    old = hash_engine.save([{"content": "The office wifi password is apple-pie", "tags": ["office"]}], session_id="proj")["ids"][0]
+    new = hash_engine.save([{"content": "The office wifi password is banana-split", "tags": ["office"], "supersedes": old}],
+                           session_id="proj")["ids"][0]
+    page = ui.open("browse")
+    page.get_by_label("Tags (any of, comma-separated)").fill("office")
+    page.get_by_label("Tags (any of, comma-separated)").press("Enter")
+    page.get_by_text("2 memories match").wait_for()
+    old_row = page.locator("#list-table tbody tr", has_text="apple-pie")
+    assert old_row.locator(".badge").inner_text() == "superseded"
+    assert page.locator("#list-table tbody tr", has_text="banana-split").locator(".badge").count() == 0
+    old_row.get_by_role("link").click()
+    page.get_by_role("link", name=f"memory {new}").click()
+    page.wait_for_function(f"document.querySelector('#memory-title').textContent.trim() === 'Memory {new}'")
+    page.get_by_role("link", name="Search").click()
+    page.get_by_label("Query").fill("office wifi password")
+    page.get_by_label("Query").press("Enter")
+    page.get_by_text("1 superseded fact left out").wait_for()
+    assert "apple-pie" not in page.locator("#search-table").inner_text()
+    page.get_by_label("Include superseded facts").check()
+    page.get_by_role("button", name="Search").click()
+    page.locator("#search-table tbody tr", has_text="apple-pie").locator(".badge").wait_for()

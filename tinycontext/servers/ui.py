@@ -52,6 +52,7 @@ class SearchBody(tools.Strict):
     top_k: int | None = None
     filters: tools.Filters | None = None
     detail: tools.Detail = "compact"
+    include_superseded: bool = False
 
 
 class ListBody(tools.ListRequest):
@@ -114,14 +115,15 @@ def add_routes(app: FastAPI, engines: Callable[[], MemoryEngine]) -> None:
     @api.post("/search")
     def search(body: SearchBody) -> JSONResponse:
         """The real recall twice over one search: the answer an agent gets (and its tokens), and the
-        ranking it was cut from with every memory's BM25, dense and fused scores."""
+        ranking it was cut from with every memory's BM25, dense and fused scores. Superseded facts are
+        left out, as recall does, unless ``include_superseded`` (then they are marked)."""
         engine = engines()
         scope = {"session_id": body.session_id, "filters": body.filters}
         signals = engine.search(body.query, **scope)
         answer = engine.recall_rendered(body.query, max_tokens=body.max_tokens, top_k=body.top_k, detail=body.detail,
-                                        signals=signals, **scope)
+                                        signals=signals, include_superseded=body.include_superseded, **scope)
         ranked = engine.recall_rendered(body.query, max_tokens=BROWSE_MAX_TOKENS, top_k=body.top_k, detail="full",
-                                        signals=signals, **scope)
+                                        signals=signals, include_superseded=body.include_superseded, **scope)
         chosen = {m["id"] for m in answer.structured["memories"]}
         return JSONResponse({
             "query": body.query, "mode": engine.search_mode,
@@ -130,6 +132,7 @@ def add_routes(app: FastAPI, engines: Callable[[], MemoryEngine]) -> None:
                        "truncated": answer.structured["truncated"]},
             "ranked": [{**m, "in_answer": m["id"] in chosen} for m in ranked.structured["memories"]],
             "below_floor": ranked.structured.get("below_floor", 0), "below_cliff": ranked.structured.get("below_cliff", 0),
+            "superseded": ranked.structured.get("superseded", 0),
         })
 
     @api.post("/list")

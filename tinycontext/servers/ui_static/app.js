@@ -160,7 +160,7 @@ async function exportJsonl(sessionId) {
 
 async function runSearch() {
   const budget = $("#search-budget").value;
-  const body = { query: $("#q").value, detail: $("#search-detail").value };
+  const body = { query: $("#q").value, detail: $("#search-detail").value, include_superseded: $("#search-superseded").checked };
   if ($("#search-session").value) body.session_id = $("#search-session").value;
   if (budget) body.max_tokens = Number(budget);
   const data = await postJSON("/search", body);
@@ -169,7 +169,8 @@ async function runSearch() {
     `${answer.structured_tokens} as structured content, of max_tokens=${answer.max_tokens}; it holds ` +
     `${answer.ids.length} of ${data.ranked.length} ranked memories${answer.truncated ? " (the budget cut some)" : ""}. ` +
     `Search: ${data.mode}.` + (data.below_floor ? ` ${data.below_floor} below the relevance floor.` : "") +
-    (data.below_cliff ? ` ${data.below_cliff} after the score cliff.` : "");
+    (data.below_cliff ? ` ${data.below_cliff} after the score cliff.` : "") +
+    (data.superseded ? ` ${data.superseded} superseded ${data.superseded === 1 ? "fact" : "facts"} left out (recall prefers current facts).` : "");
   fill($("#search-table tbody"), data.ranked.map((m) => {
     const tr = row([m.rank, m.in_answer ? "yes" : "no", memoryLink(m), score(m.scores.bm25), score(m.scores.dense),
                     score(m.scores.rrf), m.tokens]);
