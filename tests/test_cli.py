@@ -210,6 +210,20 @@ def test_paths_and_permissions_fail_in_one_line(env, tmp_path):
     assert list(locked.iterdir()) == []  # no partial files left behind
 
 
+def test_an_existing_database_on_a_read_only_folder_says_the_folder_is_not_writable(env, tmp_path):
+    kept = tmp_path / "kept"
+    db = kept / "memory.db"
+    assert tc({**env, "TINYCONTEXT_MEMORY_DB_PATH": str(db)}, "save", "Something worth keeping.").returncode == 0
+    before = {p.name: p.read_bytes() for p in kept.iterdir()}
+    prefix = read_only(kept)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TINYCONTEXT_")}
+    run = subprocess.run([*prefix, sys.executable, "-m", "tinycontext.cli.commands", "stats"], capture_output=True, text=True, check=False,
+                         env={**base, **env, "TINYCONTEXT_MEMORY_DB_PATH": str(db)}, timeout=120)
+    line = one_line_error(run, "storage_error")
+    assert "Its folder is not writable (a read-only volume or mount?)" in line and "damaged" not in line
+    assert {p.name: p.read_bytes() for p in kept.iterdir()} == before
+
+
 @pytest.mark.parametrize("variable, value, expected", [
     ("TINYCONTEXT_FTS_TOKENIZER", "stem", "TINYCONTEXT_FTS_TOKENIZER='stem' is not allowed (Input should be 'porter', 'unicode61' or "
                                           "'trigram'); fts_tokenizer takes one of porter, unicode61, trigram."),

@@ -138,6 +138,9 @@ class Store:
             finally:
                 conn.close()
         except self.driver.Error as exc:
+            if not os.access(self.path.parent, os.W_OK):  # a WAL database cannot be opened, even read-only, without its -shm file
+                raise StorageError(f"Cannot use database {self.path}: {exc}. Its folder is not writable (a read-only volume or mount?): "
+                                   "SQLite writes the database and its -wal and -shm files there.") from exc
             raise StorageError(f"Cannot use database {self.path}: {exc}. It is damaged or not a SQLite database and was not changed: "
                                "point memory_db_path at a TinyContext database or a new file, or restore a backup.") from exc
         refused = refusal(self.path, version, tables, columns)
