@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import config_reference  # noqa: E402
 
-PAGES = ("library", "conversations", "filters", "cli", "mcp", "rest", "web", "browser", "harness", "docker", "configuration", "telemetry", "management")
+PAGES = ("features", "library", "conversations", "filters", "cli", "mcp", "rest", "web", "browser", "harness", "docker", "configuration", "telemetry", "management")
 LINK = re.compile(r"\]\(([^)#\s]+)(#[^)]*)?\)")
 
 
