@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
@@ -87,7 +88,8 @@ def test_sigterm_during_a_burst_keeps_every_acknowledged_save_and_checkpoints(en
         # Each client holds an MCP session (and its event stream) open across the stop signal.
         async with httpx.AsyncClient(headers=AUTH, timeout=30) as http:
             async with streamable_http_client(base + "/mcp", http_client=http) as (read, write, _):
-                async with ClientSession(read, write) as session:
+                # A request the stopped server never answers would otherwise wait for the SDK's default timeout.
+                async with ClientSession(read, write, read_timeout_seconds=timedelta(seconds=10)) as session:
                     await session.initialize()
                     for n in range(100_000):
                         content = f"burst memory {worker}-{n} about topic {n % 17}"
@@ -104,7 +106,7 @@ def test_sigterm_during_a_burst_keeps_every_acknowledged_save_and_checkpoints(en
     threads = [threading.Thread(target=run_mcp_burst if not rest else rest_burst, args=(w,), daemon=True) for w in range(3)]
     for thread in threads:
         thread.start()
-    while len(acknowledged) < 20 and process.poll() is None:
+    while len(acknowledged) < 20 and process.poll() is None and any(thread.is_alive() for thread in threads):
         time.sleep(0.05)
     code, err = stop(process)
     for thread in threads:
