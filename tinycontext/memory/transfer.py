@@ -32,7 +32,7 @@ from typing import IO, Callable, Iterable, Iterator
 
 from .engine import MemoryEngine
 from .imports import basic_memory, legacy, mcp_memory, mcp_memory_service, mem0
-from .imports.base import CHUNK, ImportReport, Pending, bad, check_time, decode_vector, integer, run
+from .imports.base import CHUNK, ImportReport, Pending, bad, check_time, decode_vector, integer, json_lines, run
 from ..errors import InvalidInputError, SessionNotFoundError, StorageError
 from .store import Store, make_folder
 
@@ -122,14 +122,7 @@ def _jsonl_rows(engine: MemoryEngine, lines: Iterable[str], source: str) -> Iter
     """Parse an export; yields ("session", id, created_at, where) tuples and memories to import."""
     identity = engine.embedder.identity if engine.embedder is not None else None  # None: keyword-only, no vectors
     reuse_vectors = False
-    for number, line in enumerate(lines, 1):
-        where = f"{source}:{number}"
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise bad(where, f"not JSON ({getattr(exc, 'msg', 'nested too deeply')}); expected one export record per line.") from exc
+    for number, where, record in json_lines(lines, source, "expected one export record per line"):
         kind = record.get("type") if isinstance(record, dict) else None
         if number == 1 and kind != "header":
             raise bad(where, "missing export header; this file was not written by `tinycontext export` "

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -63,6 +64,22 @@ IGNORED = Ignored()
 
 def bad(where: str, message: str) -> InvalidInputError:
     return InvalidInputError(f"{where}: {message}")
+
+
+def parse_json(text: str, where: str, expected: str = ""):
+    """One JSON document; a bad one is ``invalid_input`` at ``where``, ending with what was ``expected``."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise bad(where, f"not JSON ({getattr(exc, 'msg', 'nested too deeply')}){'; ' + expected if expected else ''}.") from exc
+
+
+def json_lines(lines: Iterable[str], source: str, expected: str = "") -> Iterator[tuple[int, str, object]]:
+    """(line number, ``source:number``, parsed record) for each non-blank line of a JSON-lines file."""
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            where = f"{source}:{number}"
+            yield number, where, parse_json(line, where, expected)
 
 
 def check_time(value, name: str, where: str) -> str:

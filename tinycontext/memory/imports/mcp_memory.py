@@ -12,12 +12,11 @@ the import. The uid hashes the entity and observation text (or the relation's th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterator
 
 from ..engine import MemoryEngine
-from .base import Pending, bad, source_uid
+from .base import Pending, bad, json_lines, source_uid
 
 NAME = "mcp-memory"
 
@@ -59,14 +58,7 @@ def read(engine: MemoryEngine, path: Path, session_id: str | None = None) -> Ite
         raise bad(str(path), "is a folder; give the memory server's memory.jsonl file.")
     try:
         with open(path, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
-                where = f"{path}:{number}"
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except (json.JSONDecodeError, RecursionError) as exc:
-                    raise bad(where, f"not JSON ({getattr(exc, 'msg', 'nested too deeply')}); expected one entity or relation per line.") from exc
+            for _, where, record in json_lines(fh, str(path), "expected one entity or relation per line"):
                 if not isinstance(record, dict):
                     raise bad(where, "expected a JSON object (an entity or a relation).")
                 yield from _memories(record, where, session_id)

@@ -16,13 +16,12 @@ own plus ``source``, ``source_id`` and who it belongs to (``user_id``, ``agent_i
 from __future__ import annotations
 
 import gzip
-import json
 import zipfile
 from pathlib import Path
 from typing import Iterator
 
 from ..engine import MemoryEngine
-from .base import IGNORED, Pending, bad, check_time, source_uid
+from .base import IGNORED, Pending, bad, check_time, json_lines, parse_json, source_uid
 
 NAME = "mem0"
 OWNERS = ("user_id", "agent_id", "app_id", "run_id", "actor_id", "role", "app")
@@ -69,17 +68,9 @@ def _document(data, where: str) -> tuple[list, dict[str, str], str]:
     raise bad(where, "expected a list of mem0 memories, or an object with 'results' (get_all) or 'memories' (OpenMemory export).")
 
 
-def _json(text: str, where: str):
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise bad(where, f"not JSON ({getattr(exc, 'msg', 'nested too deeply')}).") from exc
-
-
 def _lines(lines, where: str, session_id: str | None) -> Iterator:
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            yield _memory(_json(line, f"{where}:{number}"), f"{where}:{number}", session_id, {})
+    for _, at, record in json_lines(lines, where):
+        yield _memory(record, at, session_id, {})
 
 
 def read(engine: MemoryEngine, path: Path, session_id: str | None = None) -> Iterator:
@@ -104,6 +95,6 @@ def read(engine: MemoryEngine, path: Path, session_id: str | None = None) -> Ite
     if path.suffix == ".jsonl":
         yield from _lines(text.splitlines(), where, session_id)
         return
-    records, categories, key = _document(_json(text, where), where)
+    records, categories, key = _document(parse_json(text, where), where)
     for i, record in enumerate(records):
         yield _memory(record, f"{where}: {key or 'memories'}[{i}]", session_id, categories)
