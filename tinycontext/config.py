@@ -36,6 +36,11 @@ PROXY_SCHEMES = ("http", "https", "socks5")
 HIDDEN_VALUES = frozenset({"proxy_server", "proxy_password"})
 
 
+def _split_commas(value: Any) -> Any:
+    """A list setting given as text (an environment variable): comma-separated, blanks dropped."""
+    return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+
+
 def default_db_path() -> Path:
     return Path(platformdirs.user_data_dir(APP_NAME)) / "memory.db"
 
@@ -246,9 +251,7 @@ class TinyContextConfig(BaseModel):
     @field_validator("proxy_server", "proxy_bypass", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [part.strip() for part in value.split(",") if part.strip()]
-        return value
+        return _split_commas(value)
 
     @field_validator("proxy_server", mode="after")
     @classmethod
@@ -271,8 +274,7 @@ class TinyContextConfig(BaseModel):
     @field_validator("tools", mode="before")
     @classmethod
     def _capabilities(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [part.strip() for part in value.split(",") if part.strip()]
+        value = _split_commas(value)
         if isinstance(value, (list, tuple)) and "all" in value:
             return CAPABILITIES
         return tuple(dict.fromkeys(value)) if isinstance(value, (list, tuple)) else value
@@ -292,8 +294,7 @@ class TinyContextConfig(BaseModel):
     @field_validator("management_trusted_proxies", mode="before")
     @classmethod
     def _proxies(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [part.strip() for part in value.split(",") if part.strip()]
+        value = _split_commas(value)
         if isinstance(value, (list, tuple)):
             for cidr in value:
                 try:

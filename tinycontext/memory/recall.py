@@ -124,7 +124,7 @@ def scope(engine, session_id, tags, filters, candidates) -> tuple[int, str | Non
     tag_list = normalise_tags([] if tags is None else tags, "tags")
     filters = parse_filters(filters)
     browse.purge_expired(engine)
-    if session is not None and not engine.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
+    if session is not None and not engine.store.has_session(session):
         raise SessionNotFoundError(f"No session {session!r}. Save memories into it first, or recall without session_id to search all sessions.")
     return depth, session, tag_list, filters
 

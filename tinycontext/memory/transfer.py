@@ -21,7 +21,6 @@ and written only through the store's and the engine's API: this module knows the
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 from contextlib import suppress
@@ -32,7 +31,7 @@ from typing import IO, Callable, Iterable, Iterator
 
 from .engine import MemoryEngine
 from .imports import basic_memory, legacy, mcp_memory, mcp_memory_service, mem0
-from .imports.base import CHUNK, ImportReport, Pending, bad, check_time, decode_vector, integer, json_lines, run
+from .imports.base import CHUNK, ImportReport, Pending, bad, check_time, decode_vector, integer, json_lines, run, source_uid
 from ..errors import InvalidInputError, SessionNotFoundError, StorageError
 from .store import Store, make_folder
 
@@ -81,12 +80,6 @@ def export_jsonl(source: MemoryEngine | Store, out: IO[str], *, session_id: str 
 
 
 # -- import ----------------------------------------------------------------------------------------
-
-
-def _stable_uid(*parts) -> str:
-    """The identity of a memory exported before uids existed: the same file gives the same uid."""
-    return "export:" + hashlib.sha256("\x00".join(map(str, parts)).encode("utf-8")).hexdigest()[:32]
-
 
 # The fields each record type may carry (what iter_export writes); anything else is refused, not dropped.
 HEADER_FIELDS = {"type", "format", "format_version", "exported_at", "schema_version", "embedder", "memories", "vectors"}
@@ -159,7 +152,8 @@ def _jsonl_rows(engine: MemoryEngine, lines: Iterable[str], source: str) -> Iter
             memory.update(id=old_id, created_at=created, history=_history(record.get("history") or [], where),
                           vector=None if vector is None else vector.tobytes())
             if "uid" not in memory:
-                memory["uid"] = _stable_uid(session, old_id, record.get("created_at"), record.get("content"))
+                # A memory exported before uids existed: the same file gives the same uid.
+                memory["uid"] = source_uid("export", session, old_id, record.get("created_at"), record.get("content"))
             yield Pending(where, session, memory)
         else:
             raise bad(where, f"unknown record type {kind!r}.")

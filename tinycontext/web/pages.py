@@ -45,5 +45,4 @@ class PageResult:
     chunks: list[Chunk] = field(default_factory=list)  # best first when ranked, else page order
     links: list[Link] = field(default_factory=list)  # best first when ranked
     markdown_chars: int = 0
-    markdown_tokens: int = 0
     note: str = ""  # e.g. that the page was read only up to scrape_max_chars

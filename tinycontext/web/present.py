@@ -118,7 +118,7 @@ def scrape_page(pages: Sequence[PageResult], *, max_tokens: int, counter: TokenC
     ``LINKS_FROM_TOKENS``: at agent-sized budgets every token goes to the passages. When even the
     outcomes and links leave no room, links go first; a budget that cannot hold the outcomes is an error.
     """
-    links = min(links_max_tokens, max_tokens // 10) if max_tokens >= LINKS_FROM_TOKENS else 0
+    links = links_budget(max_tokens, links_max_tokens)
     fitted = _scrape_page(pages, max_tokens, counter, links, order)
     if fitted.tokens > max_tokens:
         fitted = _scrape_page(pages, max_tokens, counter, 0, order)
@@ -130,6 +130,11 @@ def scrape_page(pages: Sequence[PageResult], *, max_tokens: int, counter: TokenC
 
 # Below this budget an answer has no links (real-page dev set: links at 300 tokens cost a passage in 30).
 LINKS_FROM_TOKENS = 1000
+
+
+def links_budget(max_tokens: int, links_max_tokens: int) -> int:
+    """Tokens an answer of ``max_tokens`` gives its links: none below ``LINKS_FROM_TOKENS``."""
+    return min(links_max_tokens, max_tokens // 10) if max_tokens >= LINKS_FROM_TOKENS else 0
 # A new window costs its frame and its structured entry's keys and offsets beyond its text; filling
 # estimates with these, and the whole answer is counted exactly at the end.
 _WINDOW_TEXT_COST = 4

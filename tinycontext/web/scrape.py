@@ -27,7 +27,7 @@ from .deadline import SOFT_SHARE, Deadline
 from .extract import extract_page
 from .fetch import Fetcher, FetchResult, HttpFetcher
 from .pages import ExtractedPage, PageResult, ScrapeItem
-from .present import LINKS_FROM_TOKENS, scrape_page
+from .present import links_budget, scrape_page
 from .rank import bm25_ranking, rank_chunks, rank_passages
 
 MAX_ITEMS = 5
@@ -111,8 +111,7 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
         if len(result.chunks) > config.scrape_max_chunks:
             result.chunks = result.chunks[:config.scrape_max_chunks]
             result.note = f"the page was read up to its first {config.scrape_max_chunks} units (scrape_max_chunks)"
-        result.markdown_tokens = counter.count(markdown)
-        op.set(chunks=len(result.chunks), tokens=result.markdown_tokens)
+        op.set(chunks=len(result.chunks), tokens=sum(chunk.tokens for chunk in result.chunks))
     result.links = page.links
     deadline.check()
     if item.ranked:
@@ -151,7 +150,7 @@ async def afetch_and_rank(items: Sequence[ScrapeItem], *, config: TinyContextCon
     model: asyncio.Future | None = None
     total = config.scrape_max_tokens if max_tokens is None else max_tokens
     share = total // max(1, len(items))
-    links = total >= LINKS_FROM_TOKENS and config.scrape_links_max_tokens > 0
+    links = links_budget(total, config.scrape_links_max_tokens) > 0
 
     async def model_for_ranking():
         nonlocal model

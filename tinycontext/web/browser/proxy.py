@@ -26,16 +26,15 @@ from urllib.parse import urlsplit
 import httpx
 
 from .. import proxies
-from ..guard import Decision, Guard
+from ..proxies import CONNECT_TIMEOUT_S, MAX_HEAD_BYTES
+from ..guard import Decision, Guard, tls_context
 
 log = logging.getLogger(__name__)
 
-MAX_HEAD_BYTES = 64 * 1024
 # Marks the proxy's refusal, so that a navigation that ends on it (a redirect to a refused address)
 # is told apart from a page that answers 403.
 BLOCK_HEADER = "X-TinyContext-Blocked"
 HEAD_TIMEOUT_S = 30
-CONNECT_TIMEOUT_S = 15
 # Hop-by-hop headers a proxy must not forward (RFC 9110 7.6.1), plus the proxy's own.
 _HOP = {b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization", b"proxy-authenticate", b"te",
         b"trailer", b"upgrade"}
@@ -208,7 +207,7 @@ class ProxiedTransport(httpx.AsyncBaseTransport):
             if self._inner is None:
                 server = GuardProxy(self.guard, lambda decision: None, self.upstreams.route)
                 await server.start()
-                self._server, self._inner = server, httpx.AsyncHTTPTransport(proxy=server.url)
+                self._server, self._inner = server, httpx.AsyncHTTPTransport(proxy=server.url, verify=tls_context())
         return self._inner
 
     async def handle_async_request(self, request):
