@@ -211,7 +211,9 @@ def test_keyboard_alone_reaches_the_views_and_the_search_controls_in_reading_ord
     assert focused == ["Sessions", "Search", "Browse"]
     page.keyboard.press("Shift+Tab")
     page.keyboard.press("Enter")  # follows the Search link
-    page.wait_for_function("document.activeElement && document.activeElement.id === 'q'")
+    from playwright.sync_api import expect
+
+    expect(page.locator("#q")).to_be_focused()  # a locator wait: the page's CSP forbids wait_for_function's string eval
     order = []
     for _ in range(5):
         page.keyboard.press("Tab")
@@ -234,7 +236,9 @@ def test_a_superseded_fact_is_marked_and_links_to_the_current_one(ui, hash_engin
     assert page.locator("#list-table tbody tr", has_text="banana-split").locator(".badge").count() == 0
     old_row.get_by_role("link").click()
     page.get_by_role("link", name=f"memory {new}").click()
-    page.wait_for_function(f"document.querySelector('#memory-title').textContent.trim() === 'Memory {new}'")
+    from playwright.sync_api import expect
+
+    expect(page.locator("#memory-title")).to_have_text(f"Memory {new}")
     page.get_by_role("link", name="Search").click()
     page.get_by_label("Query").fill("office wifi password")
     page.get_by_label("Query").press("Enter")
