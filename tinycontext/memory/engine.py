@@ -350,6 +350,16 @@ class MemoryEngine:
         return pipeline.recall_rendered(self, query, max_tokens=max_tokens, detail=detail, session_id=session_id, top_k=top_k,
                                         tags=tags, offset=offset, filters=filters, **ranking)
 
+    def rank(self, query: str, *, session_id: str | None = None, top_k: int | None = None, tags: Sequence[str] | None = None,
+             offset: int = 0, filters: Filters | dict | None = None, **ranking: float | None) -> pipeline.Ranked:
+        """Recall's order before any budget (what :meth:`recall_rendered` renders), to render with
+        :meth:`render_recall` once or more without ranking again. Settings as :meth:`recall_rendered`."""
+        return pipeline.rank(self, query, session_id=session_id, top_k=top_k, tags=tags, offset=offset, filters=filters, **ranking)
+
+    def render_recall(self, ranked: pipeline.Ranked, *, max_tokens: int | None = None, detail: str = "compact") -> Page:
+        """A :meth:`rank` as an agent receives it within ``max_tokens``: ``recall_rendered`` is rank, then this."""
+        return pipeline.render(self, ranked, max_tokens=max_tokens, detail=detail)
+
     def default_min_dense(self) -> float:
         """The relevance floor: ``recall_min_dense`` when set, else the floor the embedding model states
         (a bundle's ``model_config.json`` ``min_dense``, ``embedding_min_dense`` for a server), else the
