@@ -488,7 +488,10 @@ class MemoryEngine:
     def stats(self) -> dict:
         memories, tokens = self.store.read("SELECT count(*), coalesce(sum(tokens), 0) FROM memories")[0]
         vectors = self.store.read("SELECT count(*) FROM memory_vectors")[0][0]
-        return {"memories": memories, "tokens": tokens, "vectors": vectors, "sessions": len(self.sessions()),
+        # Sessions are never deleted, so the sessions table (its primary-key index) holds the count;
+        # no per-session join over every memory.
+        sessions = self.store.read("SELECT count(*) FROM sessions")[0][0]
+        return {"memories": memories, "tokens": tokens, "vectors": vectors, "sessions": sessions,
                 "schema_version": self.store.schema_version, "embedder": self.store.stored_identity(),
                 "db_path": str(self.store.path)}
 
