@@ -160,6 +160,25 @@ def test_force_recomputes_every_cache(job, tmp_path):
     assert forced["row"]["index_build_seconds"] > 1e-6 and forced["embedding_cache"]["computed"] > 30
 
 
+def test_a_jobs_cost_figures_are_keyed_by_settings_host_and_packages(tmp_path, monkeypatch):
+    """A finished job is reused only where its latency, RSS and rates were measured the same way."""
+    cfg = compose_run(tmp_path)
+    dataset = runner.get_dataset(cfg.dataset, REPO)
+    key = runner.job_key(cfg, dataset, "vectors")
+    for setting in ("latency.queries=5", "latency.passes=2", "latency.probe_runs=2", "latency.index_sample=9"):
+        assert runner.job_key(compose_run(tmp_path, setting), dataset, "vectors") != key, setting
+    assert runner.job_key(compose_run(tmp_path / "elsewhere"), dataset, "vectors") == key  # where caches live is not
+    monkeypatch.setattr(runner.socket, "gethostname", lambda: "another-host")
+    assert runner.job_key(cfg, dataset, "vectors") != key
+    monkeypatch.undo()
+    real = runner.environment()
+    for package in ("sqlite-vec", "tokenizers", "tiktoken"):
+        monkeypatch.setattr(runner, "environment", lambda: {**real, "packages": {**real["packages"], package: "0.0.0"}})
+        assert runner.job_key(cfg, dataset, "vectors") != key, package
+        monkeypatch.undo()
+    assert runner.job_key(cfg, dataset, "vectors") == key
+
+
 def test_tuning_on_the_test_split_is_refused_unless_allowed(tmp_path):
     cfg = compose_run(tmp_path, "dataset.tune_split=test")
     dataset = runner.get_dataset(cfg.dataset, REPO)
