@@ -24,7 +24,7 @@ from evals import runner
 from evals.datasets import load_beir, load_longmemeval
 from evals.records import TamperedError, job_files, seal
 from evals.compare import compare
-from evals.report import build_report, cost_front, decision, load_results
+from evals.report import build_report, cost_front, cost_table, decision, load_results
 from evals.store import ResultsStore
 from evals.timing import timing_passes
 from tinycontext import ConfigError
@@ -243,6 +243,20 @@ def test_a_probes_peak_rss_is_its_own_not_its_launchers():
     del ballast
     assert with_launcher > 600  # the trap is real here
     assert 0 < own < 300
+
+
+def test_a_p95_measured_under_load_meets_no_latency_limit_and_decides_no_cost(tmp_path):
+    from evals.report import recommend
+
+    # Every pass counts as loaded (any competing CPU is over a negative threshold): the job is flagged.
+    runner.run_config(compose_run(tmp_path / "cache", "latency.max_competing_cores=-1"), tmp_path / "runs" / "0")
+    rows, per_query, _ = load_results(tmp_path / "runs")
+    assert rows["latency_flagged"].all() and rows["recall_p95_ms"].notna().all()
+    assert cost_table(rows, per_query)["recall_p95_ms"].isna().all()  # not a cost the pick weighs
+    with pytest.raises(ConfigError, match="external load: 1"):
+        recommend(tmp_path / "runs", max_p95_ms=1e9, out=tmp_path / "limited.json")
+    recommend(tmp_path / "runs", out=tmp_path / "chosen.json")  # without a latency limit it is chosen
+    assert json.loads((tmp_path / "chosen.json").read_text())["provenance"]["latency_flagged"] is True
 
 
 def test_compare_accepts_another_systems_trec_run(job, tmp_path):
