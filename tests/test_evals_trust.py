@@ -188,6 +188,19 @@ def test_tuning_on_the_test_split_is_refused_unless_allowed(tmp_path):
     assert runner.check_splits(compose_run(tmp_path), runner.get_dataset(compose_run(tmp_path).dataset, REPO)) is False
 
 
+def test_a_run_tuned_on_test_says_so_on_every_output(tmp_path):
+    from evals.report import recommend
+
+    runs = tmp_path / "runs"
+    runner.run_config(compose_run(tmp_path / "cache", "dataset.tune_split=test", "allow_test_tuning=true"), runs / "0")
+    rows, _, _ = load_results(runs)
+    assert rows["tuned_on_test"].all()
+    assert "TUNED ON TEST" in build_report(runs).read_text(encoding="utf-8")
+    _, summary = recommend(runs, out=tmp_path / "chosen.json")
+    assert summary["tuned_on_test"] is True
+    assert json.loads((tmp_path / "chosen.json").read_text())["provenance"]["tuned_on_test"] is True
+
+
 def test_equivalent_configs_are_chosen_by_cost():
     rng = np.random.default_rng(7)
     base = rng.uniform(0.3, 0.9, 400)
