@@ -8,7 +8,7 @@
    floor, then the re-rankers: conversation (episodes, neighbours, speakers, learned fusion;
    :mod:`tinycontext.retrieval.conversation`) and time (:mod:`tinycontext.retrieval.time_windows`);
    :func:`deepen` extends the order, tier by tier, for pages past the first search's depth;
-4. :func:`cut`      — the score cliff;
+4. :func:`cliff`, :func:`cut` — the score cliff;
 5. :func:`window`   — the page's memories with rank and scores, before any budget;
 6. the budget: :func:`recall` (content within ``max_tokens``, the library answer) or
    :func:`recall_rendered` (the rendered text within ``max_tokens``, what an agent receives).
@@ -30,7 +30,7 @@ from ..budget.tokens import fit_budget
 from ..errors import InvalidInputError, RecallBudgetError, SessionNotFoundError
 from ..retrieval import conversation, time_windows as when
 from ..retrieval.filters import Filters, parse_filters
-from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_floor
+from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_floor, score_fusion
 from . import browse
 from .checks import check_int, check_number, check_query, check_session, normalise_tags
 from .store import read_memories
@@ -156,9 +156,15 @@ def order(engine, plan: Plan, found: Signals) -> tuple[list[Candidate], int, int
         # The relevance floor: its own step, so re-rankers before or after it compose.
         ranked, below_floor = relevance_floor(ranked, plan.min_dense)
         op.set(candidates=len(ranked), below_floor=below_floor)
+    turns = False
     if ranked and (plan.fusion == "learned" or plan.episode_weight or plan.neighbour_weight or plan.speaker_boost):
         with telemetry.operation("recall.rerank", mode=plan.fusion):
-            ranked = rerank_conversation(engine, plan, ranked, dense_hits)
+            reranked = rerank_conversation(engine, plan, ranked, dense_hits)
+            turns = reranked is not ranked  # the same list back: no turns among the candidates, nothing re-scored
+            ranked = reranked
+    if ranked and plan.fusion == "learned" and not turns and 0.0 < plan.dense_weight < 1.0:
+        # Memories that are not turns: their BM25 and dense scores, not only ranks (SciFact train, notes/locomo.md).
+        ranked = score_fusion(ranked, dense_hits)
     if ranked and plan.windows:
         with telemetry.operation("recall.time_boost"):
             ranked = when.boost(ranked, engine.candidate_search.times([c.id for c in ranked]), plan.windows, plan.time_boost)
@@ -230,14 +236,23 @@ def deepen(engine, plan: Plan, ranked: list[Candidate]) -> list[Candidate]:
 
 # -- 4. cut-off ----------------------------------------------------------------------------------
 
-def cut(plan: Plan, ranked: list[Candidate]) -> tuple[list[Candidate], int]:
-    """The order up to the score cliff, and how many it left out.
+def cliff(plan: Plan, first: list[Candidate]) -> int | None:
+    """Where the score cliff ends the answer, read on the first search's order (``first``), or None
+    when it does not end it within the first ``depth`` positions.
 
-    The cliff cuts the whole order, not the page, so every page agrees where the answer ends. It reads
-    two signals' agreement: one signal's decay alone (BM25-only, keyword-only, dense-only) is no sign
-    that the rest is not evidence, so a single-signal ranking keeps its full order."""
-    kept = cliff_cut([(c.bm25, c.dense) for c in ranked], plan.score_cliff if 0.0 < plan.dense_weight < 1.0 else 0.0)
-    return ranked[:kept], len(ranked) - kept
+    Every page runs the first search, and :func:`deepen` keeps its first ``depth`` positions, so this
+    end is the same for every page. The cliff ends at the last candidate that is not clearly weaker
+    than the best above it, so it moves with the length of the list it reads: read on each page's own
+    (deepened) order, pages that search to different depths would disagree on where the answer ends.
+    It reads two signals' agreement: one signal's decay alone (BM25-only, keyword-only, dense-only) is
+    no sign that the rest is not evidence, so a single-signal ranking keeps its full order."""
+    kept = cliff_cut([(c.bm25, c.dense) for c in first], plan.score_cliff if 0.0 < plan.dense_weight < 1.0 else 0.0)
+    return kept if kept < len(first) and kept <= plan.depth else None
+
+
+def cut(ranked: list[Candidate], end: int | None) -> tuple[list[Candidate], int]:
+    """The order up to the cliff's ``end`` (:func:`cliff`; None: all of it), and how many it left out."""
+    return (ranked, 0) if end is None else (ranked[:end], len(ranked) - min(end, len(ranked)))
 
 
 # -- 5. the page ---------------------------------------------------------------------------------
@@ -256,7 +271,8 @@ def rank(engine, query: str, *, signals: Signals | None = None, **settings) -> R
     """Stages 1-5: ranked memories from ``offset`` on, before any budget. ``settings``: :func:`analyse`'s."""
     plan = analyse(engine, query, **settings)
     ranked, below_floor, superseded = order(engine, plan, search(engine, plan, plan.depth, signals))
-    ranked, below_cliff = cut(plan, deepen(engine, plan, ranked))
+    end = cliff(plan, ranked)
+    ranked, below_cliff = cut(deepen(engine, plan, ranked), end)
     with telemetry.operation("recall.window") as op:
         memories = window(engine, plan, ranked)
         op.set(results=len(memories))
