@@ -20,10 +20,11 @@ settings and embedder; none writes.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import telemetry
 from ..budget.render import Page, check_agent_budget, check_detail, recall_page
@@ -76,7 +77,7 @@ class Ranked:
     """The order a recall chose from, and the page of it from ``offset`` on (full memory dicts)."""
 
     plan: Plan
-    window: list[dict]
+    window: "Window"  # the page's memories, read as they are used
     candidates: int  # how many memories the order holds
     below_floor: int  # candidates the relevance floor (recall_min_dense) left out
     below_cliff: int  # candidates after the score cliff (recall_score_cliff)
@@ -258,14 +259,75 @@ def cut(ranked: list[Candidate], end: int | None) -> tuple[list[Candidate], int]
 
 # -- 5. the page ---------------------------------------------------------------------------------
 
-def window(engine, plan: Plan, ranked: list[Candidate]) -> list[dict]:
-    """The memories from ``offset`` on, with their rank and scores."""
-    page = ranked[plan.offset:]
-    rows = read_memories(engine.store, [c.id for c in page])
-    return [
-        {**rows[c.id], "rank": plan.offset + position + 1, "scores": {"rrf": c.rrf, "bm25": c.bm25, "dense": c.dense}}
-        for position, c in enumerate(c for c in page if c.id in rows)
-    ]
+class Changed(Exception):
+    """A memory of the page was deleted between the window's two reads; the window is read again whole."""
+
+
+class Window(Sequence):
+    """The memories from ``offset`` on, with their rank and scores, read as they are used.
+
+    The cliff leaves ~100+ candidates and a page shows ~10: one light read (ids, tokens, sessions)
+    says which exist and what they cost, and full rows are read only for the positions the budget
+    reaches (in chunks). A memory deleted between the two reads makes the window read every row
+    at once, as one read, and raise :class:`Changed`, so the caller fits the page again."""
+
+    CHUNK = 32
+
+    def __init__(self, store, page: list[Candidate], offset: int):
+        self._store, self._offset = store, offset
+        light = [] if not page else store.read("SELECT id, tokens, session_id FROM memories WHERE id IN (SELECT value FROM json_each(?))",
+                           (json.dumps([c.id for c in page]),))
+        found = {r[0]: r for r in light}
+        self._page = [c for c in page if c.id in found]
+        self.tokens = [found[c.id][1] for c in self._page]
+        self.sessions = {found[c.id][2] for c in self._page}
+        self._rows: list[dict] = []
+
+    def __len__(self) -> int:
+        return len(self._page)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            stop = max(range(*index.indices(len(self))), default=-1) + 1
+        else:
+            index = index + len(self) if index < 0 else index
+            if not 0 <= index < len(self):
+                raise IndexError(index)
+            stop = index + 1
+        if stop > len(self._rows):
+            self._read(min(len(self), max(stop, len(self._rows) + self.CHUNK)))
+        return self._rows[index]
+
+    def brief(self, position: int) -> dict:
+        """The id, rank and scores at ``position``, without reading its row."""
+        c = self._page[position]
+        return {"id": c.id, "rank": self._offset + position + 1, "scores": {"rrf": c.rrf, "bm25": c.bm25, "dense": c.dense}}
+
+    def _read(self, stop: int) -> None:
+        batch = self._page[len(self._rows):stop]
+        rows = read_memories(self._store, [c.id for c in batch])
+        if len(rows) == len(batch):
+            self._rows += [{**rows[c.id], **self.brief(len(self._rows) + i)} for i, c in enumerate(batch)]
+            return
+        rows = read_memories(self._store, [c.id for c in self._page])
+        self._page = [c for c in self._page if c.id in rows]
+        self.tokens = [rows[c.id]["tokens"] for c in self._page]
+        self.sessions = {rows[c.id]["session_id"] for c in self._page}
+        self._rows = [{**rows[c.id], **self.brief(i)} for i, c in enumerate(self._page)]
+        raise Changed
+
+
+def window(engine, plan: Plan, ranked: list[Candidate]) -> Window:
+    """The memories from ``offset`` on, with their rank and scores (read lazily: :class:`Window`)."""
+    return Window(engine.store, ranked[plan.offset:], plan.offset)
+
+
+def fitted(fit, *args, **kwargs):
+    """``fit(*args, **kwargs)`` over a :class:`Window`, again if a memory was deleted while it read."""
+    try:
+        return fit(*args, **kwargs)
+    except Changed:
+        return fit(*args, **kwargs)  # the window now holds every row: it reads nothing more
 
 
 def rank(engine, query: str, *, signals: Signals | None = None, **settings) -> Ranked:
@@ -291,10 +353,14 @@ def recall(engine, query: str, *, max_tokens: int | None = None, ranking: int = 
         check_int(ranking, "ranking", 0, 10_000)
         ranked = rank(engine, query, **settings)
         window, top_k, offset = ranked.window, ranked.plan.top_k, ranked.plan.offset
-        chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, top_k)
-        memories = [window[p] for p in chosen]
-        omitted = [{"id": window[p]["id"], "rank": window[p]["rank"], "tokens": window[p]["tokens"]} for p in skipped]
-        truncated = bool(omitted) or (stop is not None and len(chosen) < top_k)
+
+        def fit():
+            chosen, skipped, stop = fit_budget(window.tokens, max_tokens, top_k)
+            return [window[p] for p in chosen], skipped, stop
+
+        memories, skipped, stop = fitted(fit)
+        omitted = [{"id": window.brief(p)["id"], "rank": window.brief(p)["rank"], "tokens": window.tokens[p]} for p in skipped]
+        truncated = bool(omitted) or (stop is not None and len(memories) < top_k)
         op.set(mode=engine.search_mode, results=len(memories), tokens=sum(m["tokens"] for m in memories), max_tokens=max_tokens,
                candidates=ranked.candidates, below_floor=ranked.below_floor, below_cliff=ranked.below_cliff, truncated=truncated)
         return {
@@ -316,7 +382,7 @@ def recall(engine, query: str, *, max_tokens: int | None = None, ranking: int = 
             **({"superseded": ranked.superseded} if ranked.superseded else {}),
             "mode": engine.search_mode,
             "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
-            **({"ranking": [{"id": m["id"], "rank": m["rank"], "scores": m["scores"]} for m in window[:ranking]]} if ranking else {}),
+            **({"ranking": [window.brief(p) for p in range(min(ranking, len(window)))]} if ranking else {}),
         }
 
 
@@ -341,8 +407,8 @@ def render(engine, ranked: Ranked, *, max_tokens: int | None = None, detail: str
     detail = check_detail(detail)
     max_tokens = check_agent_budget(engine.config.recall_max_tokens if max_tokens is None else max_tokens)
     with telemetry.operation("recall.render") as op:
-        page = recall_page(ranked.window, max_tokens=max_tokens, counter=engine.tokens, limit=ranked.plan.top_k,
-                           offset=ranked.plan.offset, detail=detail, session_id=ranked.plan.session,
+        page = fitted(recall_page, ranked.window, max_tokens=max_tokens, counter=engine.tokens, limit=ranked.plan.top_k,
+                           offset=ranked.plan.offset, detail=detail, session_id=ranked.plan.session, sessions=ranked.window.sessions,
                            extra={**({"below_floor": ranked.below_floor} if ranked.below_floor else {}),
                                   **({"below_cliff": ranked.below_cliff} if ranked.below_cliff else {}),
                                   **({"superseded": ranked.superseded} if ranked.superseded else {}),
