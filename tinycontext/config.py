@@ -110,8 +110,8 @@ class TinyContextConfig(BaseModel):
     # that states its own floor (bundle "min_dense", embedding_min_dense) uses that instead.
     recall_min_dense: float = Field(0.3, ge=0.0, le=1.0)
     # Score cliff: the answer ends where every memory left has all its scores below (1 - this) x the best
-    # ranked above it (0: off; retrieval.cliff_cut), read within the first recall_candidates positions so every page
-    # agrees (memory/recall.py cliff); chosen from scripts/tune_floor.py (notes/relevance_floor.md).
+    # ranked above it (0: off; retrieval.cliff_cut), read on the first search's order so every page
+    # agrees (memory/recall.py cut); chosen from scripts/tune_floor.py (notes/relevance_floor.md).
     recall_score_cliff: float = Field(0.25, ge=0.0, le=0.99)
     # Rows BM25 may score per recall: the query's commonest words are dropped past it (0: no bound).
     recall_fts_budget: int = Field(30_000, ge=0)

@@ -8,7 +8,7 @@
    floor, then the re-rankers: conversation (episodes, neighbours, speakers, learned fusion;
    :mod:`tinycontext.retrieval.conversation`) and time (:mod:`tinycontext.retrieval.time_windows`);
    :func:`deepen` extends the order, tier by tier, for pages past the first search's depth;
-4. :func:`cliff`, :func:`cut` — the score cliff;
+4. :func:`cut`      — the score cliff;
 5. :func:`window`   — the page's memories with rank and scores, before any budget;
 6. the budget: :func:`recall` (content within ``max_tokens``, the library answer) or
    :func:`recall_rendered` (the rendered text within ``max_tokens``, what an agent receives: :func:`rank`
@@ -238,23 +238,22 @@ def deepen(engine, plan: Plan, ranked: list[Candidate]) -> list[Candidate]:
 
 # -- 4. cut-off ----------------------------------------------------------------------------------
 
-def cliff(plan: Plan, first: list[Candidate]) -> int | None:
-    """Where the score cliff ends the answer, read on the first search's order (``first``), or None
-    when it does not end it within the first ``depth`` positions.
+def cut(plan: Plan, first: list[Candidate], ranked: list[Candidate]) -> tuple[list[Candidate], int]:
+    """The order (``ranked``: the first search's order ``first``, or :func:`deepen`'s from it) up to
+    the score cliff, and how many it left out.
 
-    Every page runs the first search, and :func:`deepen` keeps its first ``depth`` positions, so this
-    end is the same for every page. The cliff ends at the last candidate that is not clearly weaker
-    than the best above it, so it moves with the length of the list it reads: read on each page's own
-    (deepened) order, pages that search to different depths would disagree on where the answer ends.
-    It reads two signals' agreement: one signal's decay alone (BM25-only, keyword-only, dense-only) is
-    no sign that the rest is not evidence, so a single-signal ranking keeps its full order."""
+    The cliff ends at the last candidate that is not clearly weaker than the best above it, so its
+    end moves with the length of the list it reads: read on each page's own deepened order, pages that
+    search to different depths would disagree on where the answer ends. So it is read on ``first``,
+    which every page computes. A page inside the first search is cut there; a deeper page's order
+    shares only the first ``depth`` positions with ``first``, so it is cut only where the end falls
+    inside them, and otherwise not at all. The cliff reads two signals' agreement: one signal's decay
+    alone (BM25-only, keyword-only, dense-only) is no sign that the rest is not evidence, so a
+    single-signal ranking keeps its full order."""
     kept = cliff_cut([(c.bm25, c.dense) for c in first], plan.score_cliff if 0.0 < plan.dense_weight < 1.0 else 0.0)
-    return kept if kept < len(first) and kept <= plan.depth else None
-
-
-def cut(ranked: list[Candidate], end: int | None) -> tuple[list[Candidate], int]:
-    """The order up to the cliff's ``end`` (:func:`cliff`; None: all of it), and how many it left out."""
-    return (ranked, 0) if end is None else (ranked[:end], len(ranked) - min(end, len(ranked)))
+    if ranked is not first and (kept >= len(first) or kept > plan.depth):
+        return ranked, 0
+    return ranked[:kept], len(ranked) - min(kept, len(ranked))
 
 
 # -- 5. the page ---------------------------------------------------------------------------------
@@ -334,8 +333,7 @@ def rank(engine, query: str, *, signals: Signals | None = None, **settings) -> R
     """Stages 1-5: ranked memories from ``offset`` on, before any budget. ``settings``: :func:`analyse`'s."""
     plan = analyse(engine, query, **settings)
     ranked, below_floor, superseded = order(engine, plan, search(engine, plan, plan.depth, signals))
-    end = cliff(plan, ranked)
-    ranked, below_cliff = cut(deepen(engine, plan, ranked), end)
+    ranked, below_cliff = cut(plan, ranked, deepen(engine, plan, ranked))
     with telemetry.operation("recall.window") as op:
         memories = window(engine, plan, ranked)
         op.set(results=len(memories))
