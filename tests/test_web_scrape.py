@@ -395,6 +395,10 @@ def test_only_the_units_of_passages_chosen_by_bm25_are_embedded():
     wide = CountingEmbedder()
     rank_chunks("roman bridges", chunks, wide, config, budget=2 * config.scrape_passage_tokens)
     assert len(wide.documents) > len(embedder.documents)
+    # The pages of one call share its candidates, as they share its budget: one of three pages embeds one passage's units.
+    shared = CountingEmbedder()
+    rank_chunks("roman bridges", chunks, shared, config, pages=3)
+    assert len({next(c.passage for c in chunks if t.split("\n", 1)[1] in c.text) for t in shared.documents}) == 1
 
 
 def test_links_that_share_no_word_with_the_query_are_left_out(loopback_only, web_config):

@@ -94,7 +94,7 @@ _EXECUTOR = ThreadPoolExecutor(max_workers=MAX_ITEMS, thread_name_prefix="tinyco
 
 def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyContextConfig,
              counter: TokenCounter, deadline: Deadline | None = None, budget: int | None = None,
-             links: bool = True) -> PageResult:
+             links: bool = True, pages: int = 1) -> PageResult:
     if fetched.outcome != "ok":
         return PageResult(item, fetched, fetched.outcome)
     deadline = deadline or Deadline()
@@ -111,7 +111,7 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
     deadline.check()
     if item.ranked:
         with telemetry.operation("scrape.rank", mode="keyword" if embedder is None else "hybrid", chunks=len(result.chunks)):
-            _rank(item, result, page, embedder, config, deadline, budget)
+            _rank(item, result, page, embedder, config, deadline, budget, pages)
         if deadline.cut:
             cut = (f"ranked partly by keywords alone: embedding stopped at {SOFT_SHARE:.0%} of "
                    f"web_item_timeout={config.web_item_timeout:g} s")
@@ -164,8 +164,8 @@ def _read(fetched: FetchResult, config: TinyContextConfig, counter: TokenCounter
 
 
 def _rank(item: ScrapeItem, result: PageResult, page: ExtractedPage, embedder, config: TinyContextConfig,
-          deadline: Deadline, budget: int | None) -> None:
-    order = rank_chunks(item.query, result.chunks, embedder, config, deadline, budget)
+          deadline: Deadline, budget: int | None, pages: int) -> None:
+    order = rank_chunks(item.query, result.chunks, embedder, config, deadline, budget, pages)
     result.chunks = [result.chunks[i] for i, _ in order]
     # No links were collected when the answer has no room for them (below LINKS_FROM_TOKENS).
     # Related links share a word with the query (navigation and sidebars do not, and would eat the
@@ -208,7 +208,7 @@ async def afetch_and_rank(items: Sequence[ScrapeItem], *, config: TinyContextCon
                 ranker = await model_for_ranking() if item.ranked and fetched.outcome == "ok" else None
                 # The page's stages run on a worker thread, in this item's context (their spans join the scrape's).
                 return await loop.run_in_executor(_EXECUTOR, contextvars.copy_context().run, _process, item, fetched, ranker,
-                                                  config, counter, deadline, share, links)
+                                                  config, counter, deadline, share, links, len(items))
         except TimeoutError:
             late = FetchResult(url=item.url, final_url=fetched.final_url if fetched else item.url, outcome="timeout",
                                status=fetched.status if fetched else None,
