@@ -191,6 +191,24 @@ def test_plain_http_goes_to_the_proxy_as_the_checked_address_with_the_page_host(
     assert site.requests[-1]["headers"]["Host"] == f"pages.localhost:{site.port}"
 
 
+def test_the_proxied_transport_decides_each_request_once_for_itself_and_its_loopback_proxy(tmp_path, site, proxy):
+    import httpx
+
+    from tinycontext.web.browser.proxy import ProxiedTransport
+    from tinycontext.web.guard import Guard
+
+    lookups = []
+    guard = Guard(allow_private_hosts=True, resolver=lambda host, port: lookups.append((host, port)) or ["127.0.0.1"])
+
+    async def run():
+        async with httpx.AsyncClient(transport=ProxiedTransport(guard, Proxies(config(tmp_path, proxy.url)))) as client:
+            return [(await client.get(site.url(path, host="pages.test"))).status_code for path in ("/page", "/page?again=1")]
+
+    assert anyio.run(run) == [200, 200] and len(proxy.seen) == 2
+    # One decision (one lookup) per request: the loopback proxy connects to the transport's checked address.
+    assert lookups == [("pages.test", site.port)] * 2
+
+
 def test_a_refused_target_never_reaches_the_proxy(tmp_path, site, proxy):
     cfg = config(tmp_path, proxy.url).model_copy(update={"allow_private_hosts": False})
     result = fetch(cfg, site.url("/page"))
