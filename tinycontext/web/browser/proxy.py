@@ -236,7 +236,10 @@ class ProxiedTransport(httpx.AsyncBaseTransport):
             if self._inner is None:
                 server = GuardProxy(self._checked, lambda decision: None, self.upstreams.route)
                 await server.start()
-                self._server, self._inner = server, httpx.AsyncHTTPTransport(proxy=server.url, verify=tls_context())
+                # No kept-alive connections to the listener: it serves one request per connection, and a
+                # reused one could be closed under the next request ("Server disconnected").
+                self._server, self._inner = server, httpx.AsyncHTTPTransport(
+                    proxy=server.url, verify=tls_context(), limits=httpx.Limits(max_keepalive_connections=0))
         return self._inner
 
     async def handle_async_request(self, request):
