@@ -150,8 +150,8 @@ class TinyContextConfig(BaseModel):
     # Bigger sessions are searched in two stages up to this many vectors: sign bits in RAM (~56 bytes a
     # vector with its id), int8 codes read from the database for the candidates (tinycontext/memory/vector_index.py).
     vector_quantized_max: int = Field(20_000_000, ge=0)
-    # Two-stage sessions up to this many vectors also hold their int8 codes in RAM (388 bytes a vector at
-    # 384 dimensions) for the rescoring, instead of reading the candidates' codes from the database per query.
+    # Two-stage sessions up to this many vectors also hold their codes in RAM at 4 bits (196 bytes a vector at
+    # 384 dimensions) to rank the candidates, so only the best few hundred int8 codes are read per query.
     vector_codes_max: int = Field(2_000_000, ge=0)
     # Read-only connections recall and other reads use at once (WAL: they do not wait for each other or
     # for a write); 0: reads share the write connection.
