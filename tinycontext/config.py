@@ -112,8 +112,9 @@ class TinyContextConfig(BaseModel):
     # Score cliff: the answer ends where every memory left has all its scores below (1 - this) x the best
     # ranked above it (0: off; retrieval.cliff_cut); chosen from scripts/tune_floor.py (notes/relevance_floor.md).
     recall_score_cliff: float = Field(0.25, ge=0.0, le=0.99)
-    # Rows BM25 may score per recall: the query's commonest words are dropped past it (0: no bound).
-    recall_fts_budget: int = Field(30_000, ge=0)
+    # Rows BM25 may score per recall: past it the query's commonest words add no rows to score, but still score
+    # the rows holding the others (retrieval/bounded_bm25.py; 0: no bound).
+    recall_fts_budget: int = Field(8_000, ge=0)
     # Conversations (tinycontext/retrieval/conversation.py): a turn gains weight / (3 + its episode's rank), a
     # share of the score of the turn before/after it, and x(1 + boost) when the query names its speaker.
     # 0 turns a signal off. Chosen on LoCoMo dev with leave-one-conversation-out checks (notes/locomo.md).
