@@ -114,7 +114,7 @@ class TinyContextConfig(BaseModel):
     recall_score_cliff: float = Field(0.25, ge=0.0, le=0.99)
     # Rows BM25 may score per recall: past it the query's commonest words add no rows to score, but still score
     # the rows holding the others (retrieval/bounded_bm25.py; 0: no bound).
-    recall_fts_budget: int = Field(8_000, ge=0)
+    recall_fts_budget: int = Field(10_000, ge=0)
     # Conversations (tinycontext/retrieval/conversation.py): a turn gains weight / (3 + its episode's rank), a
     # share of the score of the turn before/after it, and x(1 + boost) when the query names its speaker.
     # 0 turns a signal off. Chosen on LoCoMo dev with leave-one-conversation-out checks (notes/locomo.md).

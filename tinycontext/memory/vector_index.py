@@ -59,7 +59,7 @@ LOAD_SLICE = 8192
 RESCORE_MIN = 4000
 RESCORE_PER_HIT = 10
 # With the 4-bit codes in RAM, the candidates they rank best whose int8 codes are read to score them:
-# at least RECHECK_MIN, RECHECK_PER_HIT per requested hit (4-bit cosines err by up to ~1e-2).
+# at least RECHECK_MIN, RECHECK_PER_HIT per requested hit (4-bit cosines err by ~3e-3, a few hundredths at worst).
 RECHECK_MIN = 200
 RECHECK_PER_HIT = 2
 
