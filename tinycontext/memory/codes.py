@@ -18,9 +18,21 @@ Deleting a memory deletes its codes (trigger ``memories_codes_ad``, schema v7).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 CENTRE_KEY = "vector_centre"
+
+
+class Coded(NamedTuple):
+    """Vectors as :func:`put` stored them: unit rows, the centre, sign bits and int8 codes, so the
+    in-RAM copy (tinycontext/memory/vector_index.py) takes them as they are instead of computing them again."""
+
+    rows: np.ndarray
+    centre: np.ndarray
+    bits: np.ndarray
+    packed: np.ndarray
 
 
 def unit(vectors: np.ndarray) -> np.ndarray:
@@ -52,16 +64,42 @@ def scores(packed: np.ndarray, query: np.ndarray, centre: np.ndarray) -> np.ndar
     return (codes @ query) * scales + float(centre @ query)
 
 
+def nibbles(packed: np.ndarray) -> np.ndarray:
+    """(n, d / 2 + 4) uint8: :func:`int8_codes` ``packed`` requantised to 4 bits (two a byte, each the
+    code + 8 in 1..15), then the float32 scale that turns them back: half the bytes, for ranking
+    candidates in RAM; the int8 codes stay the ones written."""
+    d = packed.shape[1] - 4
+    out = np.empty((len(packed), d // 2 + 4), np.uint8)
+    for start in range(0, len(packed), 8192):  # in slices: a session loads in one call, its temporaries stay small
+        part = packed[start:start + 8192]
+        # round(code * 7 / 127) in integers, + 8
+        coarse = ((part[:, :d].view(np.int8).astype(np.int16) * 14 + 127) // 254 + 8).astype(np.uint8)
+        out[start:start + 8192, : d // 2] = (coarse[:, 0::2] << 4) | coarse[:, 1::2]
+        out[start:start + 8192, d // 2:] = (np.ascontiguousarray(part[:, d:]).view(np.float32) * np.float32(127 / 7)).view(np.uint8)
+    return out
+
+
+def nibble_scores(packed: np.ndarray, query: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """Approximate cosines of the unit ``query`` with the rows whose :func:`nibbles` are ``packed``."""
+    half = len(query) // 2
+    high, low = (packed[:, :half] >> 4).astype(np.float32), (packed[:, :half] & 15).astype(np.float32)
+    scales = np.ascontiguousarray(packed[:, half:]).view(np.float32)[:, 0]
+    # Each code is stored + 8: the query's sum times 8 comes off once, not per element.
+    raw = high @ query[0::2] + low @ query[1::2] - 8.0 * float(query.sum())
+    return raw * scales + float(centre @ query)
+
+
 def centre(conn) -> np.ndarray | None:
     row = conn.execute("SELECT value FROM meta WHERE key = ?", (CENTRE_KEY,)).fetchone()
     return None if row is None else np.frombuffer(bytes.fromhex(row[0]), np.float32)
 
 
-def put(conn, ids, sessions, vectors: np.ndarray) -> None:
+def put(conn, ids, sessions, vectors: np.ndarray) -> Coded | None:
     """Write (or replace) the codes of ``vectors`` (raw, any length) for memories ``ids`` of
-    ``sessions`` (one per id, or one str for all), inside the caller's write transaction."""
+    ``sessions`` (one per id, or one str for all), inside the caller's write transaction; returns
+    what was written (None when nothing was)."""
     if not len(ids):
-        return
+        return None
     rows = unit(vectors)
     mid = centre(conn)
     if mid is None or len(mid) != rows.shape[1]:
@@ -69,9 +107,11 @@ def put(conn, ids, sessions, vectors: np.ndarray) -> None:
         conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (CENTRE_KEY, mid.tobytes().hex()))
     sessions = [sessions] * len(ids) if isinstance(sessions, str) else sessions
     ids = [int(i) for i in ids]
+    coded = Coded(rows, mid, sign_bits(rows, mid), int8_codes(rows, mid))
     conn.executemany("INSERT OR REPLACE INTO memory_bits(session_id, memory_id, bits) VALUES (?, ?, ?)",
-                     zip(sessions, ids, map(bytes, sign_bits(rows, mid))))
-    conn.executemany("INSERT OR REPLACE INTO memory_codes(memory_id, codes) VALUES (?, ?)", zip(ids, map(bytes, int8_codes(rows, mid))))
+                     zip(sessions, ids, map(bytes, coded.bits)))
+    conn.executemany("INSERT OR REPLACE INTO memory_codes(memory_id, codes) VALUES (?, ?)", zip(ids, map(bytes, coded.packed)))
+    return coded
 
 
 def drop(conn, session: str, ids) -> None:
