@@ -1,10 +1,11 @@
 """An on-disk embedding cache, so a sweep pays for each (model, text) embedding once.
 
 A vector depends on the model file, tokenizer, pooling, max tokens, normalisation, the prefixed
-text, the embedding code and the onnxruntime release; the cache key holds all of them, so no
-vector outlives what produced it. ``CachedEmbedder`` wraps a real :class:`tinycontext.Embedder` and
-is passed to ``MemoryEngine(config, embedder=...)``: the engine sees the same identity and vectors,
-only faster on a second pass. The cache is one SQLite file per model setting (WAL: safe for
+text, how the engine computes it (``VECTOR_RECIPE`` and the ONNX graph rewrites it skips) and the
+onnxruntime and tokenizers releases; the cache key holds all of them, so no vector outlives what
+produced it, while an edit elsewhere in the embedding module keeps the cache. ``CachedEmbedder``
+wraps a real :class:`tinycontext.Embedder` and is passed to ``MemoryEngine(config, embedder=...)``:
+the engine sees the same identity and vectors, only faster on a second pass. The cache is one SQLite file per model setting (WAL: safe for
 parallel workers on one host's local disk, never on a network filesystem).
 
 Vectors from here serve quality passes only. Latency is never derived from the cache: the runner
@@ -24,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tinycontext import Embedder
+from tinycontext.models.embedder import DISABLED_OPTIMIZERS, VECTOR_RECIPE
 
-from .fingerprint import module_source, sha256_files
+from .fingerprint import sha256_files
 
 
 
@@ -51,8 +52,10 @@ def model_key(bundle, pooling: str | None) -> str:
         "max_tokens": bundle.max_tokens,
         "normalize": bundle.normalize,
         "dimensions": bundle.dimensions,
-        "embedding_code": module_source(Embedder),
+        "vector_recipe": VECTOR_RECIPE,
+        "disabled_optimizers": DISABLED_OPTIMIZERS,
         "onnxruntime": metadata.version("onnxruntime"),
+        "tokenizers": metadata.version("tokenizers"),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

@@ -2,8 +2,11 @@
 
 Reads a JSON request on stdin (model settings, engine overrides, a fixed sample of documents and
 queries), builds a temporary database through ``MemoryEngine.save`` exactly as production does, and
-prints one JSON line. Run by :func:`evals.timing.probe`; its peak RSS is this process's own
-(``ru_maxrss``), not a long-lived worker's.
+prints one JSON line. Run by :func:`evals.timing.probe`; its peak RSS is this process's own, not a
+long-lived worker's: Linux's ``VmHWM`` (the high-water mark of this address space, which starts
+empty at exec). ``ru_maxrss`` is not used where VmHWM exists: exec carries the parent's high-water
+mark into it, so a probe launched by a worker that had built an index reported the worker's peak
+(720-1,540 MB for one config; notes/harness_trust.md, "Peak RSS").
 """
 
 from __future__ import annotations
@@ -44,9 +47,20 @@ def measure(request: dict) -> dict:
             seconds = time.perf_counter() - started
             for query in request.get("queries", []):
                 engine.recall(query["text"], session_id=query.get("session"))
-    return {"index_docs_per_s": len(timed) / max(seconds, 1e-9), "index_sample_docs": len(timed),
-            # Linux reports ru_maxrss in KiB.
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"index_docs_per_s": len(timed) / max(seconds, 1e-9), "index_sample_docs": len(timed), "peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set in MiB, without its parent's (see the module docstring)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # no /proc: macOS (bytes) or a BSD (KiB)
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def main() -> None:

@@ -337,7 +337,7 @@ def is_default(cfg: DictConfig, engine_settings: dict) -> bool:
 
 def job_key(cfg: DictConfig, dataset: EvalDataset, vectors: str) -> str:
     """What a result depends on: the config (not where files live) with its latency settings, the data
-    and its loader code, the vectors (model file, pooling, embedding code, onnxruntime; a server's
+    and its loader code, the vectors (model file, pooling, vector recipe, onnxruntime; a server's
     model and probe vectors), the engine and harness source, and where cost was measured: the host
     and the package versions (a reused job's latency, RSS and rates were measured under the same)."""
     config = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_KEY}

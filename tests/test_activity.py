@@ -163,6 +163,23 @@ def test_rest_calls_are_recorded_once_each(tmp_path):
     assert json.loads(save["shown"]) == saved.json()
 
 
+def test_rest_history_mode_reads_no_request_body(tmp_path, monkeypatch):
+    from tinycontext.servers import activity as recorder
+    parsed = []
+    real = recorder._json
+    monkeypatch.setattr(recorder, "_json", lambda raw: parsed.append(bytes(raw)) or real(raw))
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", embedding_backend="none",
+                               activity="on", activity_db=tmp_path / "act" / "activity.db")
+    with background(rest_app(ServeSettings(), config)) as base:
+        saved = httpx.post(f"{base}/save_memories", json={"memories": [{"content": f"{MARKER} is blue"}]})
+    assert saved.status_code == 200
+    # Only the answer was parsed (its counts are kept); the request, whose content history mode drops, never was.
+    assert parsed == [saved.content] and not any(MARKER.encode() in raw for raw in parsed)
+    (save,) = open_activity(config).events(None, ["save_memories"])
+    assert save["counts"]["ids"] == 1 and "request" not in save and "shown" not in save
+    assert MARKER.encode() not in file_bytes(tmp_path / "act" / "activity.db")
+
+
 def test_activity_off_writes_nothing(tmp_path):
     config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", embedding_backend="none",
                                activity_db=tmp_path / "act" / "activity.db")

@@ -88,6 +88,20 @@ def test_stats_and_sessions(hash_engine):
     assert {s["session_id"]: s["memories"] for s in hash_engine.sessions()} == {"a": 3, "b": 2}
 
 
+def test_stats_counts_sessions_from_the_sessions_index_not_every_memory(hash_engine, monkeypatch):
+    hash_engine.save(FACTS[:2], session_id="a")
+    hash_engine.ensure_session("empty")  # a session without memories counts, as list_sessions shows it
+    statements = []
+    read = hash_engine.store.read
+    monkeypatch.setattr(hash_engine.store, "read", lambda sql, params=(): statements.append(sql) or read(sql, params))
+    stats = hash_engine.stats()
+    monkeypatch.undo()
+    assert stats["sessions"] == 2 == len(hash_engine.sessions())
+    [counted] = [sql for sql in statements if "sessions" in sql]
+    plan = " ".join(row[-1] for row in read("EXPLAIN QUERY PLAN " + counted))
+    assert "COVERING INDEX" in plan and "memories" not in counted and "GROUP BY" not in counted.upper()
+
+
 # -- update / delete ----------------------------------------------------------------------------
 
 def test_update_keeps_history_and_moves_fts_and_vector(hash_engine):

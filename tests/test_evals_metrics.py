@@ -17,6 +17,7 @@ from evals.metrics import (
     token_summary,
 )
 from tinycontext import Embedder
+from tinycontext.models.embedder import VECTOR_RECIPE
 
 
 def test_quality_by_hand():
@@ -85,12 +86,36 @@ def test_cache_key_tracks_what_shapes_vectors(real_embedder, tmp_path, monkeypat
     import evals.embedding_cache as cache_module
 
     real_version = cache_module.metadata.version
-    monkeypatch.setattr(cache_module.metadata, "version", lambda name: "0.0.1" if name == "onnxruntime" else real_version(name))
+    for package in ("onnxruntime", "tokenizers"):  # another release may compute other vectors
+        monkeypatch.setattr(cache_module.metadata, "version", lambda name: "0.0.1" if name == package else real_version(name))
+        assert model_key(bundle, None) != plain
+        monkeypatch.undo()
+    # A change to how the engine computes vectors is declared by bumping VECTOR_RECIPE: the cache misses.
+    monkeypatch.setattr(cache_module, "VECTOR_RECIPE", VECTOR_RECIPE + 1)
     assert model_key(bundle, None) != plain
     monkeypatch.undo()
+    assert model_key(bundle, None) == plain  # nothing else (the embedder module's other code) is in it
     prefixed_inner = Embedder(bundle, query_prefix="query: ")
     assert CachedEmbedder(prefixed_inner, tmp_path).key == CachedEmbedder(real_embedder, tmp_path).key  # prefix: in the text
     prefixed, plain = CachedEmbedder(prefixed_inner, tmp_path), CachedEmbedder(real_embedder, tmp_path)
     assert not np.allclose(prefixed.embed_query("a dog"), plain.embed_query("a dog"))
     assert np.allclose(prefixed.embed_query("a dog"), real_embedder.embed_query("query: a dog"), atol=1e-6)
     assert prefixed.identity["query_prefix"] == "query: "
+
+
+# The built-in model's vectors for three texts (short, short, truncated at max_tokens), projected on a
+# fixed axis, as each VECTOR_RECIPE computed them. The embedding cache keys on the recipe, not on the
+# embedder's source: a change to tokenization, padding, pooling or normalisation moves these figures,
+# and then VECTOR_RECIPE must be bumped (and its figures added here) so that cached vectors are dropped.
+RECIPE_VECTORS = {1: {"mean": [0.2074, -0.0551, 1.7246], "cls": [-1.1253, -0.8341, -0.5993]}}
+
+
+def test_vector_recipe_moves_with_the_vectors(real_embedder):
+    texts = ["The cat sat on the mat.", "Quarterly revenue grew 4%.", " ".join(["memory"] * 600)]
+    axis = np.random.default_rng(0).standard_normal(real_embedder.dimensions).astype(np.float32)
+    pinned = RECIPE_VECTORS.get(VECTOR_RECIPE)
+    assert pinned is not None, f"VECTOR_RECIPE {VECTOR_RECIPE} has no pinned vectors here: add them"
+    for pooling, expected in pinned.items():
+        vectors = Embedder(real_embedder.bundle, cache_size=0, pooling=pooling).embed_documents(texts)
+        assert np.allclose(vectors @ axis, expected, atol=2e-3), (
+            f"{pooling} vectors changed under VECTOR_RECIPE {VECTOR_RECIPE}: bump it (tinycontext/models/embedder.py)")

@@ -208,6 +208,24 @@ def test_timing_passes_are_retried_and_flagged_under_load():
     assert latency_figures({"passes": [{"ms": [100.0] * 4, "loaded": True}]})["latency_flagged"]
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="VmHWM is Linux's")
+def test_a_probes_peak_rss_is_its_own_not_its_launchers():
+    """exec carries the launching process's high-water mark into the child's ru_maxrss: a probe started
+    by a worker that had built an index reported the worker's peak. The probe reads its own."""
+    import subprocess
+    import sys
+
+    ballast = bytearray(600 * 2**20)
+    ballast[::4096] = b"\1" * len(range(0, len(ballast), 4096))  # every page touched: resident
+    code = ("import json, resource; from evals.probe import peak_rss_mb; "
+            "print(json.dumps([peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    own, with_launcher = json.loads(done.stdout.splitlines()[-1])
+    del ballast
+    assert with_launcher > 600  # the trap is real here
+    assert 0 < own < 300
+
+
 def test_compare_accepts_another_systems_trec_run(job, tmp_path):
     root, record = job
     folder = root / "job"

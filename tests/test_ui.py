@@ -68,6 +68,17 @@ def test_search_shows_the_agents_answer_cost_and_every_score(served, hash_engine
     assert small["answer"]["max_tokens"] == 64 and small["answer"]["text_tokens"] <= 64
 
 
+def test_one_search_ranks_once_for_the_answer_and_the_ranking(served, monkeypatch):
+    from tinycontext.memory import recall as pipeline
+    orders = []
+    real = pipeline.order
+    monkeypatch.setattr(pipeline, "order", lambda *a, **k: orders.append(1) or real(*a, **k))
+    data = served.post("/ui/api/search", json={"query": "which database for staging", "top_k": 1}).json()
+    # Fusion and re-ranking ran once; the answer and the ranking shown are two renderings of that order.
+    assert len(orders) == 1
+    assert len(data["answer"]["ids"]) == 1 and data["answer"]["ids"] == [m["id"] for m in data["ranked"]]
+
+
 def test_superseded_facts_are_marked_and_search_prefers_current_ones(served, hash_engine):
     old = hash_engine.save([{"content": "The office wifi password is apple-pie"}], session_id="proj")["ids"][0]
     new = hash_engine.save([{"content": "The office wifi password is banana-split", "supersedes": old}], session_id="proj")["ids"][0]

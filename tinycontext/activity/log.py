@@ -243,11 +243,14 @@ class ActivityLog:
             by.setdefault(row["operation"], {})[row["outcome"]] = row["n"]
         span = self._rows("SELECT COUNT(*) AS n, MIN(at) AS first, MAX(at) AS last, COUNT(DISTINCT caller) AS callers, "
                           "SUM(caller IS NULL) AS unidentified FROM events")[0]
-        blocked = self._rows("SELECT COALESCE(SUM(json_extract(counts, '$.outcomes.blocked')), 0) AS n FROM events")[0]["n"]
         return {"mode": self.mode, "retention_days": self.retention_s // 86_400, "max_events": self.max_events,
                 "events": span["n"], "first": _iso(span["first"]) if span["first"] else None,
                 "last": _iso(span["last"]) if span["last"] else None, "callers": span["callers"],
-                "unidentified_events": span["unidentified"] or 0, "blocked_items": blocked, "by_operation": by}
+                "unidentified_events": span["unidentified"] or 0, "blocked_items": self.blocked_items(), "by_operation": by}
+
+    def blocked_items(self) -> int:
+        """How many fetched items the web guard blocked, over every record kept."""
+        return self._rows("SELECT COALESCE(SUM(json_extract(counts, '$.outcomes.blocked')), 0) AS n FROM events")[0]["n"]
 
     def domains(self) -> list[dict]:
         """Each domain with how many calls found it in search results and how many read it (content mode)."""

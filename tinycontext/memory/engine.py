@@ -350,6 +350,16 @@ class MemoryEngine:
         return pipeline.recall_rendered(self, query, max_tokens=max_tokens, detail=detail, session_id=session_id, top_k=top_k,
                                         tags=tags, offset=offset, filters=filters, **ranking)
 
+    def rank(self, query: str, *, session_id: str | None = None, top_k: int | None = None, tags: Sequence[str] | None = None,
+             offset: int = 0, filters: Filters | dict | None = None, **ranking: float | None) -> pipeline.Ranked:
+        """Recall's order before any budget (what :meth:`recall_rendered` renders), to render with
+        :meth:`render_recall` once or more without ranking again. Settings as :meth:`recall_rendered`."""
+        return pipeline.rank(self, query, session_id=session_id, top_k=top_k, tags=tags, offset=offset, filters=filters, **ranking)
+
+    def render_recall(self, ranked: pipeline.Ranked, *, max_tokens: int | None = None, detail: str = "compact") -> Page:
+        """A :meth:`rank` as an agent receives it within ``max_tokens``: ``recall_rendered`` is rank, then this."""
+        return pipeline.render(self, ranked, max_tokens=max_tokens, detail=detail)
+
     def default_min_dense(self) -> float:
         """The relevance floor: ``recall_min_dense`` when set, else the floor the embedding model states
         (a bundle's ``model_config.json`` ``min_dense``, ``embedding_min_dense`` for a server), else the
@@ -478,7 +488,10 @@ class MemoryEngine:
     def stats(self) -> dict:
         memories, tokens = self.store.read("SELECT count(*), coalesce(sum(tokens), 0) FROM memories")[0]
         vectors = self.store.read("SELECT count(*) FROM memory_vectors")[0][0]
-        return {"memories": memories, "tokens": tokens, "vectors": vectors, "sessions": len(self.sessions()),
+        # Sessions are never deleted, so the sessions table (its primary-key index) holds the count;
+        # no per-session join over every memory.
+        sessions = self.store.read("SELECT count(*) FROM sessions")[0][0]
+        return {"memories": memories, "tokens": tokens, "vectors": vectors, "sessions": sessions,
                 "schema_version": self.store.schema_version, "embedder": self.store.stored_identity(),
                 "db_path": str(self.store.path)}
 

@@ -11,7 +11,8 @@
 4. :func:`cut`      — the score cliff;
 5. :func:`window`   — the page's memories with rank and scores, before any budget;
 6. the budget: :func:`recall` (content within ``max_tokens``, the library answer) or
-   :func:`recall_rendered` (the rendered text within ``max_tokens``, what an agent receives).
+   :func:`recall_rendered` (the rendered text within ``max_tokens``, what an agent receives: :func:`rank`
+   then :func:`render`).
 
 Every stage takes the engine (a :class:`~tinycontext.memory.engine.MemoryEngine`) for its store,
 settings and embedder; none writes.
@@ -313,17 +314,27 @@ def recall_rendered(engine, query: str, *, max_tokens: int | None = None, detail
     """Recall as an agent receives it, text and structured content within ``max_tokens``; see
     :meth:`MemoryEngine.recall_rendered`."""
     with telemetry.operation("recall") as op:
+        # Checked before ranking too, so a bad budget costs no search.
         detail = check_detail(detail)
         max_tokens = check_agent_budget(engine.config.recall_max_tokens if max_tokens is None else max_tokens)
         ranked = rank(engine, query, **settings)
-        with telemetry.operation("recall.render") as render:
-            page = recall_page(ranked.window, max_tokens=max_tokens, counter=engine.tokens, limit=ranked.plan.top_k,
-                               offset=ranked.plan.offset, detail=detail, session_id=ranked.plan.session,
-                               extra={**({"below_floor": ranked.below_floor} if ranked.below_floor else {}),
-                                      **({"below_cliff": ranked.below_cliff} if ranked.below_cliff else {}),
-                                      **({"superseded": ranked.superseded} if ranked.superseded else {}),
-                                      **({"mode": "keyword"} if engine.embedder is None else {})} or None)
-            render.set(results=len(page.chosen), tokens=page.tokens)
+        page = render(engine, ranked, max_tokens=max_tokens, detail=detail)
         op.set(mode=engine.search_mode, results=len(page.chosen), tokens=page.tokens, max_tokens=max_tokens, truncated=page.truncated,
                candidates=ranked.candidates, below_floor=ranked.below_floor, below_cliff=ranked.below_cliff)
         return page
+
+
+def render(engine, ranked: Ranked, *, max_tokens: int | None = None, detail: str = "compact") -> Page:
+    """One :func:`rank` rendered within ``max_tokens``; a ranking may be rendered more than once
+    (the memory browser shows the agent's answer and the order it was cut from)."""
+    detail = check_detail(detail)
+    max_tokens = check_agent_budget(engine.config.recall_max_tokens if max_tokens is None else max_tokens)
+    with telemetry.operation("recall.render") as op:
+        page = recall_page(ranked.window, max_tokens=max_tokens, counter=engine.tokens, limit=ranked.plan.top_k,
+                           offset=ranked.plan.offset, detail=detail, session_id=ranked.plan.session,
+                           extra={**({"below_floor": ranked.below_floor} if ranked.below_floor else {}),
+                                  **({"below_cliff": ranked.below_cliff} if ranked.below_cliff else {}),
+                                  **({"superseded": ranked.superseded} if ranked.superseded else {}),
+                                  **({"mode": "keyword"} if engine.embedder is None else {})} or None)
+        op.set(results=len(page.chosen), tokens=page.tokens)
+    return page

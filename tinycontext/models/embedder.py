@@ -32,6 +32,11 @@ MAX_BATCH_TOKENS = 512
 # ONNX graph rewrites left out: on this CPU kernel the fused SkipLayerNormalization runs slower than
 # the Add + LayerNormalization it replaces (scripts/bench_embed.py, notes/bench_embed.md).
 DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
+# The version of how this file turns a text into a vector: tokenizer settings, padding and masking,
+# pooling, normalisation, ONNX session options. Bump it with any change to those; caches of vectors
+# (evals.embedding_cache) key on it rather than on this file's text, so other edits keep them.
+# tests/test_evals_metrics.py pins the real model's vectors to it.
+VECTOR_RECIPE = 1
 
 
 def cpu_count() -> int:

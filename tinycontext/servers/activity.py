@@ -111,7 +111,8 @@ def rest_operations() -> dict[str, str]:
 
 class RestRecorder:
     """ASGI middleware in front of the REST tool routes: one record per call, with the JSON body asked
-    and the JSON body answered (the REST caller's "what the model was shown")."""
+    and the JSON body answered (the REST caller's "what the model was shown") in content mode; history
+    mode keeps neither, so it reads only the answer (for its counts) and leaves the request alone."""
 
     def __init__(self, app: ASGIApp, *, config: Callable[[], TinyContextConfig]):
         self.app, self.config = app, config
@@ -128,6 +129,7 @@ class RestRecorder:
                 log.warning("activity records unavailable: %s", err)
         if activity is None:
             return await self.app(scope, receive, send)
+        content = activity.mode == "content"
         asked, answered, status = bytearray(), bytearray(), [0]
 
         async def keep_request() -> Message:
@@ -144,13 +146,13 @@ class RestRecorder:
             await send(message)
 
         started = time.perf_counter()
-        await self.app(scope, keep_request, keep_response)
+        await self.app(scope, keep_request if content else receive, keep_response)
         body = _json(answered)
         ok = 200 <= status[0] < 300
         outcome = "ok" if ok else (body.get("code") if isinstance(body, dict) and isinstance(body.get("code"), str) else "error")
         caller = http_caller(config, "rest", (scope.get("client") or (None,))[0], Headers(scope=scope))
-        await record(activity, caller, operation, outcome=outcome, started=started, request=_json(asked),
-                     answer=body if ok else None, shown=answered.decode("utf-8", "replace"))
+        await record(activity, caller, operation, outcome=outcome, started=started, request=_json(asked) if content else None,
+                     answer=body if ok else None, shown=answered.decode("utf-8", "replace") if content else None)
 
 
 def _json(raw: bytes | bytearray) -> Any:

@@ -144,7 +144,7 @@ def read_view(config: TinyContextConfig, caller: Caller, path: str, engine: Call
         ssrf = {"error": err.code}
     limits = ("web_max_bytes", "web_max_redirects", "web_fetch_timeout", "web_item_timeout", "search_max_results")
     return {"ssrf": ssrf, "limits": {name: getattr(config, name) for name in limits},
-            "blocked_items": activity.summary()["blocked_items"] if activity else None}
+            "blocked_items": activity.blocked_items() if activity else None}
 
 
 def clear_mine(config: TinyContextConfig, caller: Caller) -> dict:

@@ -114,16 +114,14 @@ def add_routes(app: FastAPI, engines: Callable[[], MemoryEngine]) -> None:
 
     @api.post("/search")
     def search(body: SearchBody) -> JSONResponse:
-        """The real recall twice over one search: the answer an agent gets (and its tokens), and the
-        ranking it was cut from with every memory's BM25, dense and fused scores. Superseded facts are
-        left out, as recall does, unless ``include_superseded`` (then they are marked)."""
+        """One real recall, rendered twice: the answer an agent gets (and its tokens), and the ranking
+        it was cut from with every memory's BM25, dense and fused scores. Superseded facts are left
+        out, as recall does, unless ``include_superseded`` (then they are marked)."""
         engine = engines()
-        scope = {"session_id": body.session_id, "filters": body.filters}
-        signals = engine.search(body.query, **scope)
-        answer = engine.recall_rendered(body.query, max_tokens=body.max_tokens, top_k=body.top_k, detail=body.detail,
-                                        signals=signals, include_superseded=body.include_superseded, **scope)
-        ranked = engine.recall_rendered(body.query, max_tokens=BROWSE_MAX_TOKENS, top_k=body.top_k, detail="full",
-                                        signals=signals, include_superseded=body.include_superseded, **scope)
+        order = engine.rank(body.query, session_id=body.session_id, filters=body.filters, top_k=body.top_k,
+                            include_superseded=body.include_superseded)
+        answer = engine.render_recall(order, max_tokens=body.max_tokens, detail=body.detail)
+        ranked = engine.render_recall(order, max_tokens=BROWSE_MAX_TOKENS, detail="full")
         chosen = {m["id"] for m in answer.structured["memories"]}
         return JSONResponse({
             "query": body.query, "mode": engine.search_mode,
