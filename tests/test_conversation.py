@@ -23,7 +23,7 @@ from tinycontext.retrieval.conversation import (
 )
 from tinycontext.retrieval.filters import parse_occurred_at
 from tinycontext.memory.engine import _content_hash
-from tinycontext.retrieval.fusion import Candidate
+from tinycontext.retrieval.fusion import SCORE_FUSION_DENSE_SHARE, Candidate, fuse, relevance_floor, score_fusion
 from tinycontext.memory.store import SCHEMA_VERSION, Store, now_iso
 
 CHAT_1 = [
@@ -172,15 +172,29 @@ def test_recall_adds_the_answer_after_a_question_unless_filtered(hash_engine):
     assert [m["id"] for m in filtered] == ids[:1]
 
 
-def test_plain_memories_rank_as_before(config):
+def test_plain_memories_skip_the_conversation_rerank_and_fuse_by_score(config):
     notes = ["The deploy key rotates every 90 days.", "Standup is at 09:30 in room Ada.", "Water the ficus on Sundays.",
-             "The deploy runbook lives in the wiki."]
+             "The deploy runbook lives in the wiki.", "Keys for the deploy box are in the safe."]
+    query = "deploy key rotation wiki"
     with MemoryEngine(config, embedder=HashEmbedder()) as eng:
         eng.save(notes)
-        on = eng.recall("deploy key rotation wiki")
-        off = eng.recall("deploy key rotation wiki", fusion="rrf", episode_weight=0.0, neighbour_weight=0.0, speaker_boost=0.0)
-    assert [m["id"] for m in on["memories"]] == [m["id"] for m in off["memories"]]
-    assert [m["scores"] for m in on["memories"]] == [m["scores"] for m in off["memories"]]
+        on = eng.recall(query, fusion="rrf", score_cliff=0.0)
+        off = eng.recall(query, fusion="rrf", episode_weight=0.0, neighbour_weight=0.0, speaker_boost=0.0, score_cliff=0.0)
+        learned = eng.recall(query, score_cliff=0.0)
+        signals = eng.search(query)
+        floor = eng.default_min_dense()
+    # The conversation signals leave memories that are not turns alone.
+    assert [(m["id"], m["scores"]) for m in on["memories"]] == [(m["id"], m["scores"]) for m in off["memories"]]
+    # "learned" ranks them by their scores relative to each list's best (fusion.score_fusion).
+    bm25, dense = list(signals.bm25), list(signals.dense)
+    expected = score_fusion(relevance_floor(fuse(bm25, dense, dense_weight=0.5, k=10), floor)[0], dense)
+    assert [m["id"] for m in learned["memories"]] == [c.id for c in expected][:len(learned["memories"])]
+    best_bm25, (best, last) = max(s for _, s in bm25), (dense[0][1], dense[-1][1])
+    for m in learned["memories"]:
+        s = m["scores"]
+        share = (1 - SCORE_FUSION_DENSE_SHARE) * (s["bm25"] or 0.0) / best_bm25 + SCORE_FUSION_DENSE_SHARE * (
+            (s["dense"] - last) / (best - last) if s["dense"] is not None else 0.0)
+        assert s["rrf"] == pytest.approx(share)
 
 
 def _feature(rows, name):

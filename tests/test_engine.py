@@ -380,7 +380,7 @@ def test_weights_zero_and_one_reproduce_single_lists(hash_engine):
     assert [m["scores"]["dense"] for m in semantic["memories"]] == pytest.approx(sorted(sims, reverse=True), abs=1e-5)
     assert all(m["scores"]["bm25"] is None for m in semantic["memories"])
 
-    fused = hash_engine.recall(query, dense_weight=0.5, top_k=50, score_cliff=0.0)
+    fused = hash_engine.recall(query, dense_weight=0.5, top_k=50, score_cliff=0.0, fusion="rrf")
     for m in fused["memories"]:
         s = m["scores"]
         expected = sum(0.5 / (k + order.index(m["id"]) + 1) for order in (bm25_order, dense_order) if m["id"] in order)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tinycontext.retrieval.fusion import MAX_QUERY_TERMS, fts_query, fuse
+from tinycontext.retrieval.fusion import MAX_QUERY_TERMS, fts_query, fuse, score_fusion
 from tinycontext.sqlite import sqlite_driver
 
 
@@ -124,6 +124,22 @@ def test_ties_break_toward_the_heavier_list():
     assert [c.id for c in fuse(bm25, dense, dense_weight=0.5, k=60)] == [7, 5]
     # Reversed lists, same weights: the result follows the BM25 list, not the ids.
     assert [c.id for c in fuse(dense, bm25, dense_weight=0.5, k=60)] == [5, 7]
+
+
+def test_score_fusion_values_by_hand():
+    # BM25 best 9; dense best 0.9, last 0.1 (spread 0.8). A score a candidate lacks counts 0.
+    ranked = score_fusion(fuse(BM25, DENSE, dense_weight=0.5, k=60), DENSE, dense_share=0.25)
+    by_id = {c.id: c for c in ranked}
+    assert math.isclose(by_id[1].rrf, 0.75 * 1.0 + 0.25 * 0.0)
+    assert math.isclose(by_id[3].rrf, 0.75 * by_id[3].bm25 / 9.0 + 0.25 * 1.0)
+    assert math.isclose(by_id[4].rrf, 0.25 * (0.8 - 0.1) / 0.8)
+    assert math.isclose(by_id[2].rrf, 0.75 * by_id[2].bm25 / 9.0)
+    assert [c.id for c in ranked] == sorted(by_id, key=lambda i: -by_id[i].rrf)
+    # Unlike ranks, scores see that 3's dense lead is large: with more dense share it passes 1.
+    assert [c.id for c in score_fusion(fuse(BM25, DENSE, dense_weight=0.5, k=60), DENSE, dense_share=0.6)][0] == 3
+    # Without one of the lists there is nothing to combine: the fused order stays.
+    fused = fuse(BM25, [], dense_weight=0.5, k=60)
+    assert score_fusion(fused, []) is fused
 
 
 def test_stopwords_left_out_unless_nothing_else():

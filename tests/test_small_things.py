@@ -116,3 +116,41 @@ def test_deep_paging_never_repeats_or_skips(hash_engine):
             paged += [m["id"] for m in page["memories"]]
             offset = page["next_offset"]
         assert paged == everything  # page N+1 starts exactly where page N ended
+
+
+def test_recall_reads_only_the_rows_its_page_shows(hash_engine, monkeypatch):
+    from tinycontext.memory import recall as pipeline
+
+    hash_engine.save([f"note {i} about the deploy key and its rotation" for i in range(200)], session_id="lazy")
+    read = []
+    real = pipeline.read_memories
+    monkeypatch.setattr(pipeline, "read_memories", lambda store, ids: read.append(len(ids)) or real(store, ids))
+    answer = hash_engine.recall("deploy key rotation", session_id="lazy", top_k=5, score_cliff=0.0, ranking=100)
+    page = hash_engine.recall_rendered("deploy key rotation", session_id="lazy", top_k=5, score_cliff=0.0)
+    # About 200 candidates are counted, and their ranking listed, from one light read; rows are read
+    # for the page only (one chunk each).
+    assert answer["candidates"] > 100 and len(answer["ranking"]) == 100 and len(answer["memories"]) == 5
+    assert len(page.structured["memories"]) == 5 and answer["next_offset"] == page.structured["next_offset"] == 5
+    assert read == [pipeline.Window.CHUNK] * 2
+
+
+def test_a_memory_deleted_while_the_page_is_read_is_left_out(hash_engine, monkeypatch):
+    from tinycontext.memory import recall as pipeline
+
+    ids = hash_engine.save([f"note {i} about the deploy key" for i in range(60)], session_id="gone")["ids"]
+    before = hash_engine.recall("deploy key", session_id="gone", top_k=10, score_cliff=0.0)
+    victim = before["memories"][2]["id"]
+    real = pipeline.read_memories
+
+    deleted = []
+
+    def delete_first(store, wanted):
+        if victim in wanted and not deleted:
+            deleted.append(hash_engine.delete(victim))  # after the light read, before the rows
+        return real(store, wanted)
+
+    monkeypatch.setattr(pipeline, "read_memories", delete_first)
+    after = hash_engine.recall("deploy key", session_id="gone", top_k=10, score_cliff=0.0)
+    expected = [m["id"] for m in before["memories"] if m["id"] != victim]
+    assert [m["id"] for m in after["memories"]][:9] == expected
+    assert [m["rank"] for m in after["memories"]] == list(range(1, 11)) and len(ids) == 60 and deleted

@@ -110,7 +110,8 @@ class TinyContextConfig(BaseModel):
     # that states its own floor (bundle "min_dense", embedding_min_dense) uses that instead.
     recall_min_dense: float = Field(0.3, ge=0.0, le=1.0)
     # Score cliff: the answer ends where every memory left has all its scores below (1 - this) x the best
-    # ranked above it (0: off; retrieval.cliff_cut); chosen from scripts/tune_floor.py (notes/relevance_floor.md).
+    # ranked above it (0: off; retrieval.cliff_cut), read on the first search's order so every page
+    # agrees (memory/recall.py cut); chosen from scripts/tune_floor.py (notes/relevance_floor.md).
     recall_score_cliff: float = Field(0.25, ge=0.0, le=0.99)
     # Rows BM25 may score per recall: the query's commonest words are dropped past it (0: no bound).
     recall_fts_budget: int = Field(30_000, ge=0)
@@ -123,7 +124,9 @@ class TinyContextConfig(BaseModel):
     # How conversation turns are ranked: "learned" (a linear score over each candidate turn's BM25, dense,
     # episode, neighbour, speaker and length signals, fitted on LoCoMo dev: retrieval/conversation.py FUSION_WEIGHTS) or
     # "rrf" (weighted RRF plus the three hand-tuned settings above, which "learned" does not use). Memories
-    # that are not turns are ranked by weighted RRF either way (notes/locomo.md).
+    # that are not turns: "learned" ranks them by their BM25 and dense scores relative to each list's best
+    # (retrieval/fusion.py score_fusion; recall_dense_weight and recall_rrf_k only choose the candidates and
+    # single-list modes), "rrf" by weighted RRF (notes/locomo.md).
     recall_fusion: Literal["learned", "rrf"] = "learned"
     # Time a question names ("on 13 October 2023", "in May", "last week"; tinycontext/retrieval/time_windows.py): a memory
     # that happened then (occurred_at, else when it was saved) scores x(1 + boost). 0: off (notes/locomo.md).

@@ -13,7 +13,7 @@ One renderer for a memory line (:func:`memory_line`) and one for a single memory
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -239,12 +239,15 @@ def fit_page(items: Sequence[T], *, max_tokens: int, counter: TokenCounter, line
 
 
 def recall_page(memories: Sequence[dict], *, max_tokens: int, counter: TokenCounter, limit: int, offset: int = 0,
-                detail: Detail = "compact", session_id: str | None = None, extra: dict | None = None) -> Page:
+                detail: Detail = "compact", session_id: str | None = None, extra: dict | None = None,
+                sessions: Iterable[str] | None = None) -> Page:
     """A recall answer: ranked memories (with ``rank``) fitted to ``max_tokens`` as text and structured
-    content. ``extra`` (small, fixed-size facts such as the relevance floor) joins the envelope."""
+    content. ``extra`` (small, fixed-size facts such as the relevance floor) joins the envelope.
+    ``sessions``: the memories' sessions, when known without reading every memory."""
     detail = check_detail(detail)
     # Name sessions only when an unfiltered recall may return memories from more than one.
-    with_session = session_id is None and len({m["session_id"] for m in memories}) > 1
+    names = {m["session_id"] for m in memories} if sessions is None else set(sessions)
+    with_session = session_id is None and len(names) > 1
 
     def next_offset(page: Page) -> int | None:
         return None if page.next_position is None else offset + page.next_position

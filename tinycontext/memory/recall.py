@@ -20,10 +20,11 @@ settings and embedder; none writes.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import telemetry
 from ..budget.render import Page, check_agent_budget, check_detail, recall_page
@@ -31,7 +32,7 @@ from ..budget.tokens import fit_budget
 from ..errors import InvalidInputError, RecallBudgetError, SessionNotFoundError
 from ..retrieval import conversation, time_windows as when
 from ..retrieval.filters import Filters, parse_filters
-from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_floor
+from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_floor, score_fusion
 from . import browse
 from .codes import unit
 from .checks import check_int, check_number, check_query, check_session, normalise_tags
@@ -77,7 +78,7 @@ class Ranked:
     """The order a recall chose from, and the page of it from ``offset`` on (full memory dicts)."""
 
     plan: Plan
-    window: list[dict]
+    window: "Window"  # the page's memories, read as they are used
     candidates: int  # how many memories the order holds
     below_floor: int  # candidates the relevance floor (recall_min_dense) left out
     below_cliff: int  # candidates after the score cliff (recall_score_cliff)
@@ -158,9 +159,15 @@ def order(engine, plan: Plan, found: Signals) -> tuple[list[Candidate], int, int
         # The relevance floor: its own step, so re-rankers before or after it compose.
         ranked, below_floor = relevance_floor(ranked, plan.min_dense)
         op.set(candidates=len(ranked), below_floor=below_floor)
+    turns = False
     if ranked and (plan.fusion == "learned" or plan.episode_weight or plan.neighbour_weight or plan.speaker_boost):
         with telemetry.operation("recall.rerank", mode=plan.fusion):
-            ranked = rerank_conversation(engine, plan, ranked, dense_hits)
+            reranked = rerank_conversation(engine, plan, ranked, dense_hits)
+            turns = reranked is not ranked  # the same list back: no turns among the candidates, nothing re-scored
+            ranked = reranked
+    if ranked and plan.fusion == "learned" and not turns and 0.0 < plan.dense_weight < 1.0:
+        # Memories that are not turns: their BM25 and dense scores, not only ranks (SciFact train, notes/locomo.md).
+        ranked = score_fusion(ranked, dense_hits)
     if ranked and plan.windows:
         with telemetry.operation("recall.time_boost"):
             ranked = when.boost(ranked, engine.candidate_search.times([c.id for c in ranked]), plan.windows, plan.time_boost)
@@ -236,33 +243,102 @@ def deepen(engine, plan: Plan, ranked: list[Candidate]) -> list[Candidate]:
 
 # -- 4. cut-off ----------------------------------------------------------------------------------
 
-def cut(plan: Plan, ranked: list[Candidate]) -> tuple[list[Candidate], int]:
-    """The order up to the score cliff, and how many it left out.
+def cut(plan: Plan, first: list[Candidate], ranked: list[Candidate]) -> tuple[list[Candidate], int]:
+    """The order (``ranked``: the first search's order ``first``, or :func:`deepen`'s from it) up to
+    the score cliff, and how many it left out.
 
-    The cliff cuts the whole order, not the page, so every page agrees where the answer ends. It reads
-    two signals' agreement: one signal's decay alone (BM25-only, keyword-only, dense-only) is no sign
-    that the rest is not evidence, so a single-signal ranking keeps its full order."""
-    kept = cliff_cut([(c.bm25, c.dense) for c in ranked], plan.score_cliff if 0.0 < plan.dense_weight < 1.0 else 0.0)
-    return ranked[:kept], len(ranked) - kept
+    The cliff ends at the last candidate that is not clearly weaker than the best above it, so its
+    end moves with the length of the list it reads: read on each page's own deepened order, pages that
+    search to different depths would disagree on where the answer ends. So it is read on ``first``,
+    which every page computes. A page inside the first search is cut there; a deeper page's order
+    shares only the first ``depth`` positions with ``first``, so it is cut only where the end falls
+    inside them, and otherwise not at all. The cliff reads two signals' agreement: one signal's decay
+    alone (BM25-only, keyword-only, dense-only) is no sign that the rest is not evidence, so a
+    single-signal ranking keeps its full order."""
+    kept = cliff_cut([(c.bm25, c.dense) for c in first], plan.score_cliff if 0.0 < plan.dense_weight < 1.0 else 0.0)
+    if ranked is not first and (kept >= len(first) or kept > plan.depth):
+        return ranked, 0
+    return ranked[:kept], len(ranked) - min(kept, len(ranked))
 
 
 # -- 5. the page ---------------------------------------------------------------------------------
 
-def window(engine, plan: Plan, ranked: list[Candidate]) -> list[dict]:
-    """The memories from ``offset`` on, with their rank and scores."""
-    page = ranked[plan.offset:]
-    rows = read_memories(engine.store, [c.id for c in page])
-    return [
-        {**rows[c.id], "rank": plan.offset + position + 1, "scores": {"rrf": c.rrf, "bm25": c.bm25, "dense": c.dense}}
-        for position, c in enumerate(c for c in page if c.id in rows)
-    ]
+class Changed(Exception):
+    """A memory of the page was deleted between the window's two reads; the window is read again whole."""
+
+
+class Window(Sequence):
+    """The memories from ``offset`` on, with their rank and scores, read as they are used.
+
+    The cliff leaves ~100+ candidates and a page shows ~10: one light read (ids, tokens, sessions)
+    says which exist and what they cost, and full rows are read only for the positions the budget
+    reaches (in chunks). A memory deleted between the two reads makes the window read every row
+    at once, as one read, and raise :class:`Changed`, so the caller fits the page again."""
+
+    CHUNK = 32
+
+    def __init__(self, store, page: list[Candidate], offset: int):
+        self._store, self._offset = store, offset
+        light = [] if not page else store.read("SELECT id, tokens, session_id FROM memories WHERE id IN (SELECT value FROM json_each(?))",
+                           (json.dumps([c.id for c in page]),))
+        found = {r[0]: r for r in light}
+        self._page = [c for c in page if c.id in found]
+        self.tokens = [found[c.id][1] for c in self._page]
+        self.sessions = {found[c.id][2] for c in self._page}
+        self._rows: list[dict] = []
+
+    def __len__(self) -> int:
+        return len(self._page)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            stop = max(range(*index.indices(len(self))), default=-1) + 1
+        else:
+            index = index + len(self) if index < 0 else index
+            if not 0 <= index < len(self):
+                raise IndexError(index)
+            stop = index + 1
+        if stop > len(self._rows):
+            self._read(min(len(self), max(stop, len(self._rows) + self.CHUNK)))
+        return self._rows[index]
+
+    def brief(self, position: int) -> dict:
+        """The id, rank and scores at ``position``, without reading its row."""
+        c = self._page[position]
+        return {"id": c.id, "rank": self._offset + position + 1, "scores": {"rrf": c.rrf, "bm25": c.bm25, "dense": c.dense}}
+
+    def _read(self, stop: int) -> None:
+        batch = self._page[len(self._rows):stop]
+        rows = read_memories(self._store, [c.id for c in batch])
+        if len(rows) == len(batch):
+            self._rows += [{**rows[c.id], **self.brief(len(self._rows) + i)} for i, c in enumerate(batch)]
+            return
+        rows = read_memories(self._store, [c.id for c in self._page])
+        self._page = [c for c in self._page if c.id in rows]
+        self.tokens = [rows[c.id]["tokens"] for c in self._page]
+        self.sessions = {rows[c.id]["session_id"] for c in self._page}
+        self._rows = [{**rows[c.id], **self.brief(i)} for i, c in enumerate(self._page)]
+        raise Changed
+
+
+def window(engine, plan: Plan, ranked: list[Candidate]) -> Window:
+    """The memories from ``offset`` on, with their rank and scores (read lazily: :class:`Window`)."""
+    return Window(engine.store, ranked[plan.offset:], plan.offset)
+
+
+def fitted(fit, *args, **kwargs):
+    """``fit(*args, **kwargs)`` over a :class:`Window`, again if a memory was deleted while it read."""
+    try:
+        return fit(*args, **kwargs)
+    except Changed:
+        return fit(*args, **kwargs)  # the window now holds every row: it reads nothing more
 
 
 def rank(engine, query: str, *, signals: Signals | None = None, **settings) -> Ranked:
     """Stages 1-5: ranked memories from ``offset`` on, before any budget. ``settings``: :func:`analyse`'s."""
     plan = analyse(engine, query, **settings)
     ranked, below_floor, superseded = order(engine, plan, search(engine, plan, plan.depth, signals))
-    ranked, below_cliff = cut(plan, deepen(engine, plan, ranked))
+    ranked, below_cliff = cut(plan, ranked, deepen(engine, plan, ranked))
     with telemetry.operation("recall.window") as op:
         memories = window(engine, plan, ranked)
         op.set(results=len(memories))
@@ -280,10 +356,14 @@ def recall(engine, query: str, *, max_tokens: int | None = None, ranking: int = 
         check_int(ranking, "ranking", 0, 10_000)
         ranked = rank(engine, query, **settings)
         window, top_k, offset = ranked.window, ranked.plan.top_k, ranked.plan.offset
-        chosen, skipped, stop = fit_budget((m["tokens"] for m in window), max_tokens, top_k)
-        memories = [window[p] for p in chosen]
-        omitted = [{"id": window[p]["id"], "rank": window[p]["rank"], "tokens": window[p]["tokens"]} for p in skipped]
-        truncated = bool(omitted) or (stop is not None and len(chosen) < top_k)
+
+        def fit():
+            chosen, skipped, stop = fit_budget(window.tokens, max_tokens, top_k)
+            return [window[p] for p in chosen], skipped, stop
+
+        memories, skipped, stop = fitted(fit)
+        omitted = [{"id": window.brief(p)["id"], "rank": window.brief(p)["rank"], "tokens": window.tokens[p]} for p in skipped]
+        truncated = bool(omitted) or (stop is not None and len(memories) < top_k)
         op.set(mode=engine.search_mode, results=len(memories), tokens=sum(m["tokens"] for m in memories), max_tokens=max_tokens,
                candidates=ranked.candidates, below_floor=ranked.below_floor, below_cliff=ranked.below_cliff, truncated=truncated)
         return {
@@ -305,7 +385,7 @@ def recall(engine, query: str, *, max_tokens: int | None = None, ranking: int = 
             **({"superseded": ranked.superseded} if ranked.superseded else {}),
             "mode": engine.search_mode,
             "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
-            **({"ranking": [{"id": m["id"], "rank": m["rank"], "scores": m["scores"]} for m in window[:ranking]]} if ranking else {}),
+            **({"ranking": [window.brief(p) for p in range(min(ranking, len(window)))]} if ranking else {}),
         }
 
 
@@ -330,8 +410,8 @@ def render(engine, ranked: Ranked, *, max_tokens: int | None = None, detail: str
     detail = check_detail(detail)
     max_tokens = check_agent_budget(engine.config.recall_max_tokens if max_tokens is None else max_tokens)
     with telemetry.operation("recall.render") as op:
-        page = recall_page(ranked.window, max_tokens=max_tokens, counter=engine.tokens, limit=ranked.plan.top_k,
-                           offset=ranked.plan.offset, detail=detail, session_id=ranked.plan.session,
+        page = fitted(recall_page, ranked.window, max_tokens=max_tokens, counter=engine.tokens, limit=ranked.plan.top_k,
+                           offset=ranked.plan.offset, detail=detail, session_id=ranked.plan.session, sessions=ranked.window.sessions,
                            extra={**({"below_floor": ranked.below_floor} if ranked.below_floor else {}),
                                   **({"below_cliff": ranked.below_cliff} if ranked.below_cliff else {}),
                                   **({"superseded": ranked.superseded} if ranked.superseded else {}),

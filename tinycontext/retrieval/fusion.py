@@ -77,6 +77,10 @@ class Signals:
                    hits(data["bm25"]), hits(data["dense"]))
 
 
+# score_fusion's dense share, chosen on SciFact train (0.2-0.5 tried; notes/locomo.md).
+SCORE_FUSION_DENSE_SHARE = 0.35
+
+
 @dataclass
 class Candidate:
     id: int
@@ -118,6 +122,27 @@ def fuse(bm25_hits: list[tuple[int, float]], dense_hits: list[tuple[int, float]]
     elif dense_weight == 1.0:
         ranked = [c for c in ranked if c.dense_rank is not None]
     return ranked
+
+
+def score_fusion(ranked: list[Candidate], dense_hits: Sequence[tuple[int, float]], *, dense_share: float = SCORE_FUSION_DENSE_SHARE) -> list[Candidate]:
+    """Fused candidates re-scored by their scores rather than their ranks, best first:
+    ``rrf = (1 - dense_share) * bm25 / best bm25 + dense_share * (dense - last) / (best - last)``, where
+    best and last are the dense list's first and last hits (``dense_hits``, best first), so both
+    terms are in [0, 1]; a score a candidate lacks counts 0. Ties keep the fused order. Scores say how
+    far apart two documents are, which ranks do not (SciFact train, notes/locomo.md "Long documents").
+    Needs both lists: otherwise ``ranked`` is returned."""
+    if not ranked or not dense_hits:
+        return ranked
+    bm_best = max((c.bm25 for c in ranked if c.bm25 is not None), default=0.0)
+    if bm_best <= 0:
+        return ranked
+    best, last = dense_hits[0][1], dense_hits[-1][1]
+    spread = best - last
+    for c in ranked:
+        lexical = c.bm25 / bm_best if c.bm25 is not None else 0.0
+        semantic = (c.dense - last) / spread if c.dense is not None and spread > 0 else 0.0
+        c.rrf = (1.0 - dense_share) * lexical + dense_share * semantic
+    return sorted(ranked, key=lambda c: -c.rrf)  # stable: ties keep the fused order
 
 
 def relevance_floor(ranked: list[Candidate], min_dense: float) -> tuple[list[Candidate], int]:
