@@ -15,9 +15,12 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from netguard import LocalServer, send
+from test_browser import needs_browser
 from tinycontext import TinyContextConfig, close_engines
 from tinycontext.activity import ActivityLog, Event, close_activity, open_activity
 from tinycontext.servers.http import ServeSettings, background, rest_app
+from tinycontext.web.browser.service import close_services
 
 SERVER = [sys.executable, "-m", "tinycontext.cli.commands", "mcp"]
 MARKER = "zebracorn-7f3q"  # planted in every query, text and URL; history mode must keep none of it
@@ -178,6 +181,30 @@ def test_rest_history_mode_reads_no_request_body(tmp_path, monkeypatch):
     (save,) = open_activity(config).events(None, ["save_memories"])
     assert save["counts"]["ids"] == 1 and "request" not in save and "shown" not in save
     assert MARKER.encode() not in file_bytes(tmp_path / "act" / "activity.db")
+
+
+@needs_browser
+def test_browser_actions_over_rest_are_recorded_with_the_domain_they_read(tmp_path):
+    page = f"<!doctype html><title>Notes</title><main><h1>{MARKER} notes</h1><a href='/next'>Next page</a></main>".encode()
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", embedding_backend="none",
+                               activity="content", activity_db=tmp_path / "act" / "activity.db", allow_private_hosts=True)
+    with LocalServer({"/": lambda h: send(h, 200, page)}) as site, background(rest_app(ServeSettings(), config)) as base:
+        try:
+            opened = httpx.post(f"{base}/browser/navigate", json={"url": site.url("/", host="pages.localhost")}, timeout=60)
+            looked = httpx.post(f"{base}/browser/act", json={"action": "look"}, timeout=60)
+            failed = httpx.post(f"{base}/browser/act", json={"action": "click", "ref": "e999"}, timeout=60)
+        finally:
+            close_services()
+    assert opened.status_code == looked.status_code == 200 and MARKER in opened.json()["view"]
+    assert failed.status_code >= 400
+    log = open_activity(config)
+    events = log.events(None, ["browser_navigate", "browser_act"])
+    assert [(e["operation"], e["outcome"]) for e in events] == [
+        ("browser_act", failed.json()["code"]), ("browser_act", "ok"), ("browser_navigate", "ok")]
+    navigate = events[-1]
+    assert navigate["domains"] == {"discovered": [], "fetched": ["pages.localhost"]} and MARKER in navigate["shown"]
+    assert navigate["request"]["url"] == site.url("/", host="pages.localhost")
+    assert {"domain": "pages.localhost", "discovered": 0, "fetched": 2} in log.domains()
 
 
 def test_activity_off_writes_nothing(tmp_path):

@@ -25,6 +25,17 @@ def filled(hash_engine):
     return hash_engine
 
 
+def test_speaker_filter_checks_names_as_saving_does(hash_engine):
+    hash_engine.save([{"content": "I adopted a puppy", "speaker": "Mary  Ann"}, {"content": "Nice!", "speaker": "Bob"}],
+                     session_id="chat")
+    # Saving collapses a name's whitespace; the filter compares the name the same way.
+    assert contents(hash_engine.list_memories(speaker=" Mary   Ann ")) == ["I adopted a puppy"]
+    assert hash_engine.delete_memories(speaker="Mary\tAnn")["matched"] == 1
+    for bad in ("", "   ", "x" * 101, "Bob\x00"):
+        with pytest.raises(InvalidInputError, match="speaker must be text of 1-100 characters"):
+            hash_engine.list_memories(speaker=bad)
+
+
 def test_list_orders_pages_and_filters(filled):
     page = filled.list_memories(session_id="work", order="oldest", limit=4)
     assert contents(page) == [f"work note {i}" for i in range(4)]

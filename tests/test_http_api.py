@@ -125,3 +125,21 @@ def test_cors_preflight_for_configured_origin_only(hash_engine):
         assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "http://app.test"
         other = httpx.options(base + "/recall_memories", headers={"Origin": "http://evil.test", **preflight})
         assert "access-control-allow-origin" not in other.headers
+
+
+@pytest.mark.parametrize("origin", ["http://127.0.0.1:1", "http://localhost:3000", "http://[::1]:8080", "null"])
+def test_writes_from_another_origins_page_are_refused_and_write_nothing(api, hash_engine, origin):
+    # What a page of another local server can send without a preflight: a JSON or a text/plain POST.
+    for kwargs in ({"json": {"memories": [{"content": "planted"}]}},
+                   {"content": '{"memories": [{"content": "planted"}]}', "headers": {"Content-Type": "text/plain"}}):
+        headers = {**kwargs.pop("headers", {}), "Origin": origin}
+        answer = api.post("/save_memories", headers=headers, **kwargs)
+        assert (answer.status_code, answer.json()["code"]) == (403, "invalid_origin")
+    assert hash_engine.stats()["memories"] == 0
+
+
+def test_this_servers_own_origin_and_clients_without_one_may_write(api, hash_engine):
+    own = str(api.base_url).rstrip("/")
+    assert api.post("/save_memories", json={"memories": [{"content": "from the page"}]}, headers={"Origin": own}).status_code == 200
+    assert api.post("/save_memories", json={"memories": [{"content": "from a script"}]}).status_code == 200  # no Origin: not a browser page
+    assert hash_engine.stats()["memories"] == 2

@@ -49,6 +49,8 @@ def test_rebinding_host_and_origin_are_refused(apps, hash_engine, app_name):
             "rebinding Origin": {"Origin": f"http://{EVIL_HOST}:{port}"},
             "rebinding Host and Origin": {"Host": f"{EVIL_HOST}:{port}", "Origin": f"http://{EVIL_HOST}:{port}"},
             "null Origin": {"Origin": "null"},
+            "other loopback Origin": {"Origin": "http://127.0.0.1:1"},  # another local server's page
+            "localhost Origin, 127.0.0.1 Host": {"Origin": f"http://localhost:{port}"},  # another origin, as browsers count
             "loopback Host": {},
             "localhost Host and Origin": {"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"},
             "[::1] Host": {"Host": f"[::1]:{port}"},
@@ -59,7 +61,7 @@ def test_rebinding_host_and_origin_are_refused(apps, hash_engine, app_name):
     for name in ("rebinding Host", "rebinding Host, no port", "rebinding Host and Origin"):
         assert (got[name].status_code, got[name].json()["code"]) == (421, "invalid_host"), name
         assert "4321" not in got[name].text
-    for name in ("rebinding Origin", "null Origin"):
+    for name in ("rebinding Origin", "null Origin", "other loopback Origin", "localhost Origin, 127.0.0.1 Host"):
         assert (got[name].status_code, got[name].json()["code"]) == (403, "invalid_origin"), name
     for name in ("loopback Host", "localhost Host and Origin", "[::1] Host", "configured CORS Origin"):
         assert got[name].status_code == 200, (name, got[name].text[:200])

@@ -104,6 +104,53 @@ class ForwardProxy:
         self.sock.close()
 
 
+class TlsForwardProxy(ForwardProxy):
+    """The same proxy behind TLS (an ``https://`` proxy URL), with a certificate for 127.0.0.1 from ``cert``."""
+
+    def __init__(self, cert: tuple[str, str]):
+        import ssl
+
+        self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.tls.load_cert_chain(*cert)
+        super().__init__()
+        self.url = f"https://127.0.0.1:{self.port}"
+
+    def _serve(self, conn: socket.socket):
+        try:
+            wrapped = self.tls.wrap_socket(conn, server_side=True)
+        except OSError:  # a client that refused our certificate
+            conn.close()
+            return
+        super()._serve(wrapped)
+
+
+def self_signed(tmp_path) -> tuple[str, str]:
+    """A certificate and key for IP 127.0.0.1, written as PEM files."""
+    pytest.importorskip("cryptography")
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test proxy")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "proxy.pem", tmp_path / "proxy.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)
+
+
 class Socks5Proxy(ForwardProxy):
     """A SOCKS5 proxy on 127.0.0.1 (username/password auth) that records each CONNECT's address type and target."""
 
@@ -189,6 +236,42 @@ def test_plain_http_goes_to_the_proxy_as_the_checked_address_with_the_page_host(
     assert seen == {"method": "GET", "target": f"http://127.0.0.1:{site.port}/page?x=1", "auth": basic(),
                     "host": f"pages.localhost:{site.port}"}
     assert site.requests[-1]["headers"]["Host"] == f"pages.localhost:{site.port}"
+
+
+def test_the_proxied_transport_decides_each_request_once_for_itself_and_its_loopback_proxy(tmp_path, site, proxy):
+    import httpx
+
+    from tinycontext.web.browser.proxy import ProxiedTransport
+    from tinycontext.web.guard import Guard
+
+    lookups = []
+    guard = Guard(allow_private_hosts=True, resolver=lambda host, port: lookups.append((host, port)) or ["127.0.0.1"])
+
+    async def run():
+        async with httpx.AsyncClient(transport=ProxiedTransport(guard, Proxies(config(tmp_path, proxy.url)))) as client:
+            return [(await client.get(site.url(path, host="pages.test"))).status_code for path in ("/page", "/page?again=1")]
+
+    assert anyio.run(run) == [200, 200] and len(proxy.seen) == 2
+    # One decision (one lookup) per request: the loopback proxy connects to the transport's checked address.
+    assert lookups == [("pages.test", site.port)] * 2
+
+
+def test_an_https_proxy_is_reached_over_tls_checked_against_the_system_cas(tmp_path, site, monkeypatch):
+    cert = self_signed(tmp_path)
+    tls_proxy = TlsForwardProxy(cert)
+    try:
+        # Trusted: the proxy's certificate is the CA bundle the system default context reads (SSL_CERT_FILE).
+        monkeypatch.setenv("SSL_CERT_FILE", cert[0])
+        result = fetch(config(tmp_path, tls_proxy.url), site.url("/page", host="pages.localhost"))
+        assert result.outcome == "ok" and b"proxied page" in result.body
+        assert tls_proxy.seen == [{"method": "GET", "target": f"http://127.0.0.1:{site.port}/page", "auth": basic(),
+                                   "host": f"pages.localhost:{site.port}"}]
+        # Not trusted (the system CAs do not know it): nothing is sent, and the password does not leak.
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "no-such-bundle.pem"))
+        refused = fetch(config(tmp_path, tls_proxy.url), site.url("/page", host="pages.localhost"))
+        assert refused.outcome != "ok" and len(tls_proxy.seen) == 1 and PASSWORD not in (refused.detail or "")
+    finally:
+        tls_proxy.close()
 
 
 def test_a_refused_target_never_reaches_the_proxy(tmp_path, site, proxy):

@@ -154,3 +154,26 @@ def test_a_memory_deleted_while_the_page_is_read_is_left_out(hash_engine, monkey
     expected = [m["id"] for m in before["memories"] if m["id"] != victim]
     assert [m["id"] for m in after["memories"]][:9] == expected
     assert [m["rank"] for m in after["memories"]] == list(range(1, 11)) and len(ids) == 60 and deleted
+
+
+def test_a_memory_deleted_while_the_rendered_page_is_read_is_left_out(hash_engine, monkeypatch):
+    from tinycontext.memory import recall as pipeline
+
+    hash_engine.save([f"note {i} about the deploy key" for i in range(30)], session_id="a")
+    victim = hash_engine.save(["the deploy key of the other team"], session_id="b")["ids"][0]
+    first = hash_engine.recall_rendered("deploy key", top_k=40, score_cliff=0.0)
+    before = first.structured["memories"]
+    assert "session a" in first.text  # two sessions: the lines name them
+    assert victim in [m["id"] for m in before]
+    real, deleted = pipeline.read_memories, []
+
+    def delete_first(store, wanted):
+        if victim in wanted and not deleted:
+            deleted.append(hash_engine.delete(victim))  # after the light read, before the rows
+        return real(store, wanted)
+
+    monkeypatch.setattr(pipeline, "read_memories", delete_first)
+    page = hash_engine.recall_rendered("deploy key", top_k=40, score_cliff=0.0)
+    assert deleted and [m["id"] for m in page.structured["memories"]] == [m["id"] for m in before if m["id"] != victim]
+    # One session is left, so the page no longer names sessions.
+    assert "session a" not in page.text

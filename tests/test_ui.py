@@ -149,7 +149,7 @@ def test_export_downloads_the_jsonl_that_import_reads(served, tmp_path):
 @pytest.mark.parametrize("headers, code", [
     ({}, "forbidden"),  # no UI header: what a form post or an <img>/<script> tag sends
     ({**UI, "Origin": "http://evil.test"}, "invalid_origin"),  # the guard's rule for every app
-    ({**UI, "Origin": "http://127.0.0.1:1"}, "forbidden"),  # another loopback server's page is still another origin
+    ({**UI, "Origin": "http://127.0.0.1:1"}, "invalid_origin"),  # another loopback server's page is still another origin
     ({**UI, "Sec-Fetch-Site": "cross-site"}, "forbidden"),
     ({**UI, "Sec-Fetch-Site": "same-site"}, "forbidden"),
 ])

@@ -35,7 +35,7 @@ def _where(engine, session_id: str | None, tags: Sequence[str] | None, filters,
     if session is not None:
         if not isinstance(session, str) or not session.strip():
             raise InvalidInputError("session_id must be a non-empty string.")
-        if not engine.store.read("SELECT 1 FROM sessions WHERE id = ?", (session,)):
+        if not engine.store.has_session(session):
             raise SessionNotFoundError(f"No session {session[:200]!r}; list_sessions shows the existing ones.")
     # ``tags`` is the any-of shorthand, validated like the filter's own tags_any.
     shorthand = parse_filters(None if tags is None else {"tags_any": tags})
@@ -43,11 +43,11 @@ def _where(engine, session_id: str | None, tags: Sequence[str] | None, filters,
     if session is not None:
         sql += " AND session_id = ?"
         params.append(session)
+    # The save path's label check: a name is compared as it was stored (whitespace collapsed).
+    speaker = conversation.check_label(speaker, "speaker", conversation.MAX_SPEAKER_CHARS, "filter")
     if speaker is not None:
-        if not isinstance(speaker, str) or not speaker.strip() or len(speaker) > 200:
-            raise InvalidInputError("speaker must be a non-empty string of at most 200 characters.")
         sql += " AND speaker = ?"
-        params.append(speaker.strip())
+        params.append(speaker)
     for part in (shorthand, parse_filters(filters)):
         condition, values = part.sql("id")
         if condition:

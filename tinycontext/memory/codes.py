@@ -18,9 +18,21 @@ Deleting a memory deletes its codes (trigger ``memories_codes_ad``, schema v7).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 CENTRE_KEY = "vector_centre"
+
+
+class Coded(NamedTuple):
+    """Vectors as :func:`put` stored them: unit rows, the centre, sign bits and int8 codes, so the
+    in-RAM copy (tinycontext/memory/vector_index.py) takes them as they are instead of computing them again."""
+
+    rows: np.ndarray
+    centre: np.ndarray
+    bits: np.ndarray
+    packed: np.ndarray
 
 
 def unit(vectors: np.ndarray) -> np.ndarray:
@@ -57,11 +69,12 @@ def centre(conn) -> np.ndarray | None:
     return None if row is None else np.frombuffer(bytes.fromhex(row[0]), np.float32)
 
 
-def put(conn, ids, sessions, vectors: np.ndarray) -> None:
+def put(conn, ids, sessions, vectors: np.ndarray) -> Coded | None:
     """Write (or replace) the codes of ``vectors`` (raw, any length) for memories ``ids`` of
-    ``sessions`` (one per id, or one str for all), inside the caller's write transaction."""
+    ``sessions`` (one per id, or one str for all), inside the caller's write transaction; returns
+    what was written (None when nothing was)."""
     if not len(ids):
-        return
+        return None
     rows = unit(vectors)
     mid = centre(conn)
     if mid is None or len(mid) != rows.shape[1]:
@@ -69,9 +82,11 @@ def put(conn, ids, sessions, vectors: np.ndarray) -> None:
         conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (CENTRE_KEY, mid.tobytes().hex()))
     sessions = [sessions] * len(ids) if isinstance(sessions, str) else sessions
     ids = [int(i) for i in ids]
+    coded = Coded(rows, mid, sign_bits(rows, mid), int8_codes(rows, mid))
     conn.executemany("INSERT OR REPLACE INTO memory_bits(session_id, memory_id, bits) VALUES (?, ?, ?)",
-                     zip(sessions, ids, map(bytes, sign_bits(rows, mid))))
-    conn.executemany("INSERT OR REPLACE INTO memory_codes(memory_id, codes) VALUES (?, ?)", zip(ids, map(bytes, int8_codes(rows, mid))))
+                     zip(sessions, ids, map(bytes, coded.bits)))
+    conn.executemany("INSERT OR REPLACE INTO memory_codes(memory_id, codes) VALUES (?, ?)", zip(ids, map(bytes, coded.packed)))
+    return coded
 
 
 def drop(conn, session: str, ids) -> None:

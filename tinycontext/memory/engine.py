@@ -232,10 +232,10 @@ class MemoryEngine:
                 valid_from = item.valid_from or (created if item.supersedes is not None else None)
                 if item.supersedes is not None:
                     supersede.append((valid_from, mid, item.supersedes))
-                rows.append((mid, session, item.content, json.dumps(item.tags, ensure_ascii=False), json.dumps(item.metadata, ensure_ascii=False),
+                rows.append((mid, session, item.content, _json(item.tags), _json(item.metadata),
                              digest, tokens[i], born, (restored.updated_at if restored is not None else None) or born,
                              restored.version if restored is not None else 1, item.occurred_at, item.speaker,
-                             json.dumps(item.attachments, ensure_ascii=False),
+                             _json(item.attachments),
                              conversation.search_context(item.speaker, item.occurred_at, item.attachments),
                              None if key is None else episodes[key], item.expires_at,
                              (restored.uid if restored is not None else None) or uuid.uuid4().hex, valid_from,
@@ -266,8 +266,7 @@ class MemoryEngine:
             conn.executemany("INSERT OR IGNORE INTO memory_tags(memory_id, tag) VALUES (?, ?)", tag_rows)
             if batch_kept:
                 kept_ids, kept_vectors = [mid for mid, _ in batch_kept], np.stack([v for _, v in batch_kept])
-                insert_vectors(conn, kept_ids, session, kept_vectors)
-                self.index.add(session, kept_ids, kept_vectors)
+                self.index.add(session, kept_ids, insert_vectors(conn, kept_ids, session, kept_vectors))
             conversation.index_episodes(conn, episodes.values())
         return {
             "session_id": session,
@@ -442,8 +441,7 @@ class MemoryEngine:
             conn.executemany("INSERT INTO memory_tags(memory_id, tag) VALUES (?, ?)", [(memory_id, t) for t in new_tags])
             if vector is not None and new_content != row[1]:
                 conn.execute("UPDATE memory_vectors SET embedding = ? WHERE memory_id = ?", (vector.tobytes(), memory_id))
-                codes.put(conn, [memory_id], row[6], vector[None, :])
-                self.index.replace(row[6], memory_id, vector)
+                self.index.replace(row[6], memory_id, codes.put(conn, [memory_id], row[6], vector[None, :]))
             elif self.embedder is None and new_content != row[1]:
                 # Keyword-only: the old vector no longer matches; reindex embeds the new text.
                 conn.execute("DELETE FROM memory_vectors WHERE memory_id = ?", (memory_id,))
@@ -517,14 +515,19 @@ def _nearest(stored: tuple[int, float] | None, vector: np.ndarray, batch: list[t
     return best
 
 
+def _json(value: list | dict) -> str:
+    """A memory's tags, metadata or attachments as stored JSON (most are empty: no encoder call for those)."""
+    if not value:
+        return "[]" if isinstance(value, list) else "{}"
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _stored_vector(raw: list[float] | bytes | None, dims: int) -> np.ndarray | None:
     """An imported vector when it has this embedder's size and finite values, else None (embed again)."""
     if raw is None or (isinstance(raw, bytes) and len(raw) != 4 * dims):
         return None
     vector = np.frombuffer(raw, "<f4") if isinstance(raw, bytes) else np.asarray(raw, np.float32)
-    if len(vector) != dims or not np.isfinite(vector).all():
-        return None
-    return vector.astype(np.float32)
+    return vector if len(vector) == dims and np.isfinite(vector).all() else None
 
 
 # -- module-level API: one engine per configuration ---------------------------------------------

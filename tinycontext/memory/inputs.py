@@ -130,8 +130,7 @@ def check_stored(memories: Sequence[StoredMemory | dict], config: TinyContextCon
         stored = [m if isinstance(m, StoredMemory) else StoredMemory.model_validate(m) for m in memories]
     except ValidationError as exc:
         raise InvalidInputError(f"memories are malformed: {exc}".splitlines()[0]) from exc
-    fields = set(MemoryInput.model_fields)
-    items = validate_memories([MemoryInput(**m.model_dump(include=fields)) for m in stored], config)
+    items = validate_memories(stored, config)  # a StoredMemory is a MemoryInput: checked as saved memories are
     for i, m in enumerate(stored):
         for old in m.history:
             if not {"version", "content", "created_at", "superseded_at"} <= old.keys():

@@ -326,12 +326,12 @@ def window(engine, plan: Plan, ranked: list[Candidate]) -> Window:
     return Window(engine.store, ranked[plan.offset:], plan.offset)
 
 
-def fitted(fit, *args, **kwargs):
-    """``fit(*args, **kwargs)`` over a :class:`Window`, again if a memory was deleted while it read."""
+def fitted(fit):
+    """``fit()``, a page fitted over a :class:`Window`, again if a memory was deleted while it read."""
     try:
-        return fit(*args, **kwargs)
+        return fit()
     except Changed:
-        return fit(*args, **kwargs)  # the window now holds every row: it reads nothing more
+        return fit()  # the window now holds every row: it reads nothing more
 
 
 def rank(engine, query: str, *, signals: Signals | None = None, **settings) -> Ranked:
@@ -410,11 +410,13 @@ def render(engine, ranked: Ranked, *, max_tokens: int | None = None, detail: str
     detail = check_detail(detail)
     max_tokens = check_agent_budget(engine.config.recall_max_tokens if max_tokens is None else max_tokens)
     with telemetry.operation("recall.render") as op:
-        page = fitted(recall_page, ranked.window, max_tokens=max_tokens, counter=engine.tokens, limit=ranked.plan.top_k,
-                           offset=ranked.plan.offset, detail=detail, session_id=ranked.plan.session, sessions=ranked.window.sessions,
-                           extra={**({"below_floor": ranked.below_floor} if ranked.below_floor else {}),
-                                  **({"below_cliff": ranked.below_cliff} if ranked.below_cliff else {}),
-                                  **({"superseded": ranked.superseded} if ranked.superseded else {}),
-                                  **({"mode": "keyword"} if engine.embedder is None else {})} or None)
+        extra = {**({"below_floor": ranked.below_floor} if ranked.below_floor else {}),
+                 **({"below_cliff": ranked.below_cliff} if ranked.below_cliff else {}),
+                 **({"superseded": ranked.superseded} if ranked.superseded else {}),
+                 **({"mode": "keyword"} if engine.embedder is None else {})} or None
+        # The sessions are read again on a second try: the window's change may have removed one.
+        page = fitted(lambda: recall_page(ranked.window, max_tokens=max_tokens, counter=engine.tokens, limit=ranked.plan.top_k,
+                                          offset=ranked.plan.offset, detail=detail, session_id=ranked.plan.session,
+                                          sessions=ranked.window.sessions, extra=extra))
         op.set(results=len(page.chosen), tokens=page.tokens)
     return page

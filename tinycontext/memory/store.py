@@ -31,16 +31,17 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-def insert_vectors(conn, ids, sessions, vectors: np.ndarray) -> None:
+def insert_vectors(conn, ids, sessions, vectors: np.ndarray) -> codes.Coded | None:
     """Store new memories' vectors (``sessions``: one per id, or one for all) and their codes, inside
-    the caller's write transaction: the one way vectors are added, so the codes always follow."""
+    the caller's write transaction: the one way vectors are added, so the codes always follow.
+    Returns the codes written (for the in-RAM copy), None when there were no vectors."""
     if not len(ids):
-        return
+        return None
     sessions = [sessions] * len(ids) if isinstance(sessions, str) else list(sessions)
     vectors = np.asarray(vectors, np.float32)
     conn.executemany("INSERT INTO memory_vectors(memory_id, session_id, embedding) VALUES (?, ?, ?)",
                      zip([int(i) for i in ids], sessions, map(bytes, vectors)))
-    codes.put(conn, ids, sessions, vectors)
+    return codes.put(conn, ids, sessions, vectors)
 
 
 MEMORY_COLUMNS = ("id, session_id, content, tags, metadata, tokens, created_at, updated_at, version, occurred_at, speaker, "

@@ -150,7 +150,7 @@ def _jsonl_rows(engine: MemoryEngine, lines: Iterable[str], source: str) -> Iter
                 memory["superseded_by"] = integer(record["superseded_by"], "superseded_by", where)
             vector = decode_vector(record.get("vector"), identity["dimensions"], where) if reuse_vectors else None
             memory.update(id=old_id, created_at=created, history=_history(record.get("history") or [], where),
-                          vector=None if vector is None else vector.tobytes())
+                          vector=vector)
             if "uid" not in memory:
                 # A memory exported before uids existed: the same file gives the same uid.
                 memory["uid"] = source_uid("export", session, old_id, record.get("created_at"), record.get("content"))

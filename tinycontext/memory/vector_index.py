@@ -102,8 +102,11 @@ class _Block:
         self._rows[self.n:need] = rows
         self.n = need
 
-    def replace(self, memory_id: int, row: np.ndarray) -> None:
-        self._rows[np.flatnonzero(self.ids == memory_id)] = row
+    def take(self, ids: np.ndarray, coded: codes.Coded) -> None:
+        self.append(ids, coded.rows)
+
+    def replace(self, memory_id: int, coded: codes.Coded) -> None:
+        self._rows[np.flatnonzero(self.ids == memory_id)] = coded.rows[0]
 
     def remove(self, memory_id: int) -> None:
         # Order does not matter (search sorts), so the last row fills the hole: O(dimensions).
@@ -147,15 +150,24 @@ class _QuantBlock:
             self._codes[self.n:need] = packed
         self.n = need
 
-    def append(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        packed = codes.int8_codes(rows, self.centre) if self._codes is not None else None
-        self.append_bits(ids, codes.sign_bits(rows, self.centre), packed)
+    def _codes_of(self, coded: codes.Coded) -> tuple[np.ndarray, np.ndarray | None]:
+        """The bits and (when held) int8 codes of ``coded``'s rows around this block's centre: those
+        stored (the centre never moves; a reindex drops the copy), computed only if they differ."""
+        if self.centre is None or not np.array_equal(self.centre, coded.centre):
+            bits, packed = codes.sign_bits(coded.rows, self.centre), codes.int8_codes(coded.rows, self.centre)
+        else:
+            bits, packed = coded.bits, coded.packed
+        return bits, packed if self._codes is not None else None
 
-    def replace(self, memory_id: int, row: np.ndarray) -> None:
+    def take(self, ids: np.ndarray, coded: codes.Coded) -> None:
+        self.append_bits(ids, *self._codes_of(coded))
+
+    def replace(self, memory_id: int, coded: codes.Coded) -> None:
         at = np.flatnonzero(self.ids == memory_id)
-        self._bits[at] = codes.sign_bits(row[None, :], self.centre)
-        if self._codes is not None:
-            self._codes[at] = codes.int8_codes(row[None, :], self.centre)
+        bits, packed = self._codes_of(coded)
+        self._bits[at] = bits
+        if packed is not None:
+            self._codes[at] = packed
 
     def remove(self, memory_id: int) -> None:
         for i in np.flatnonzero(self.ids == memory_id)[::-1]:
@@ -290,16 +302,18 @@ class VectorIndex:
             raise RuntimeError("VectorIndex edits must be made inside VectorIndex.write().")
         self._pending.append(edit)
 
-    def add(self, session: str, ids: list[int], vectors: np.ndarray) -> None:
-        self._queue(lambda: self._add(session, np.asarray(ids, np.int64), _unit(vectors)))
+    def add(self, session: str, ids: list[int], coded: codes.Coded) -> None:
+        """New memories' vectors, as :func:`~tinycontext.memory.store.insert_vectors` stored them: their
+        unit rows and codes are taken as they are."""
+        self._queue(lambda: self._add(session, np.asarray(ids, np.int64), coded))
 
-    def replace(self, session: str, memory_id: int, vector: np.ndarray) -> None:
-        self._queue(lambda: self._edit(session, lambda b: b.replace(memory_id, _unit(vector))))
+    def replace(self, session: str, memory_id: int, coded: codes.Coded) -> None:
+        self._queue(lambda: self._edit(session, lambda b: b.replace(memory_id, coded)))
 
     def remove(self, session: str, memory_id: int) -> None:
         self._queue(lambda: self._edit(session, lambda b: b.remove(memory_id)))
 
-    def _add(self, session: str, ids: np.ndarray, rows: np.ndarray) -> None:
+    def _add(self, session: str, ids: np.ndarray, coded: codes.Coded) -> None:
         block = self._blocks.get(session)
         if block is None:
             if not self._complete:  # not loaded: it will be read from the table, new rows included
@@ -313,7 +327,7 @@ class VectorIndex:
             del self._blocks[session]
             self._complete = False
             return
-        block.append(ids, rows)
+        block.take(ids, coded)
 
     def _edit(self, session: str, change: Callable[[_Block], None]) -> None:
         block = self._blocks.get(session)

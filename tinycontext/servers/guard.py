@@ -3,9 +3,10 @@
 :class:`Guard` is ASGI middleware that, on every HTTP request:
 
 1. refuses a ``Host`` that is not a loopback name or a configured host (421), and an ``Origin``,
-   when sent, that is neither such a host nor a configured CORS origin (403). A web page whose
-   domain an attacker points at 127.0.0.1 (DNS rebinding) sends its own name as Host and Origin,
-   so it cannot read or plant memories through a server on this machine;
+   when sent, that is neither this server's own (the request's Host) nor a configured CORS origin
+   (403). A web page whose domain an attacker points at 127.0.0.1 (DNS rebinding) sends its own
+   name as Host and Origin, and a page of another server on this machine (another loopback port)
+   its own origin, so neither can read or plant memories through this server;
 2. checks the bearer token (``TINYCONTEXT_API_TOKEN``) with a constant-time compare (401), except on
    the open paths an app names: the memory browser's static page, script and style, which hold no
    data (a browser cannot send a bearer header when it opens a URL; the page asks for the token);
@@ -172,15 +173,16 @@ class Guard:
         return bool(name) and (is_loopback(name) or host in self.allowed_hosts or name in self.allowed_hosts)
 
     def _refuse(self, scope: Scope) -> tuple | None:
-        if self.settings.checks_host:
-            host = _header(scope, b"host")
-            if host is None or not self.host_allowed(host):
-                return (421, "invalid_host", f"Host {host!r} is not allowed: use 127.0.0.1 or localhost, or add the name "
-                        "to MCP_ALLOWED_HOSTS.")
-            origin = _header(scope, b"origin")
-            if origin is not None and not self._origin_allowed(origin):
-                return (403, "invalid_origin", f"Origin {origin!r} is not allowed: add it to MCP_CORS_ORIGINS to let "
-                        "that web page use this server.")
+        host = _header(scope, b"host")
+        if self.settings.checks_host and (host is None or not self.host_allowed(host)):
+            return (421, "invalid_host", f"Host {host!r} is not allowed: use 127.0.0.1 or localhost, or add the name "
+                    "to MCP_ALLOWED_HOSTS.")
+        # Checked on every server: a token does not stop a foreign page when no token is set, and the
+        # memory browser's page holds one.
+        origin = _header(scope, b"origin")
+        if origin is not None and not self._origin_allowed(origin, host or ""):
+            return (403, "invalid_origin", f"Origin {origin!r} is not this server's: add it to MCP_CORS_ORIGINS to let "
+                    "that web page use this server.")
         if self.token is None:
             if _remote_client(scope):
                 return 401, "unauthorized", f"This server has no {TOKEN_ENV} set, so it only answers loopback clients."
@@ -196,12 +198,14 @@ class Guard:
             return 401, "unauthorized", "Missing or wrong bearer token: send 'Authorization: Bearer <TINYCONTEXT_API_TOKEN>'."
         return None
 
-    def _origin_allowed(self, origin: str) -> bool:
+    def _origin_allowed(self, origin: str, host: str) -> bool:
+        """A configured CORS origin, or this server's own page: the Origin names the Host asked (already
+        allowed). Another loopback port is another origin, as browsers count them."""
         origin = origin.strip().rstrip("/").lower()
         if origin in self.allowed_origins:
             return True
         parts = urlsplit(origin)
-        return parts.scheme in ("http", "https") and self.host_allowed(parts.netloc)
+        return parts.scheme in ("http", "https") and parts.netloc == host.strip().lower()
 
     async def _capped(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Count streamed body bytes too: a chunked request has no Content-Length to check up front."""

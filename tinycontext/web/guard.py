@@ -226,6 +226,12 @@ class Guard:
                     return Decision(False, kind, url, host, port, pinned, detail=f"{host} resolves to {kind} address {address}")
         return Decision(True, "ok", url, host, port, pinned)
 
+    def target(self, url: str) -> tuple[str, int] | None:
+        """The (host, port) a decision about ``url`` names, found without a lookup; None for a URL
+        refused as it is written."""
+        parsed = self._parse(url)
+        return None if isinstance(parsed, Decision) else parsed[:2]
+
     def check(self, url: str) -> Decision | None:
         """The decision when it needs no resolution (bad URL, literal address, localhost), else None."""
         parsed = self._parse(url)

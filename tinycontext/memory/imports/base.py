@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Iterable, Iterator
 
-import numpy as np
-
 from ..checks import check_session
 from ..engine import MemoryEngine
 from ...errors import InvalidInputError
@@ -110,17 +108,16 @@ def source_uid(prefix: str, *parts) -> str:
     return f"{prefix}:" + hashlib.sha256("\x00".join(map(str, parts)).encode("utf-8")).hexdigest()[:32]
 
 
-def decode_vector(raw, dims: int, where: str) -> np.ndarray | None:
+def decode_vector(raw, dims: int, where: str) -> bytes | None:
+    """A record's vector as float32 bytes of this embedder's size (None: absent or another size, so
+    the text is embedded again). Whether its values are finite the engine checks, once, on import."""
     if raw is None:
         return None
     try:
         blob = base64.b64decode(raw, validate=True) if isinstance(raw, str) else bytes(raw)
     except (ValueError, TypeError) as exc:
         raise bad(where, f"vector is not base64 ({exc}).") from exc
-    if len(blob) != dims * 4:
-        return None  # wrong size: treat as absent and embed again
-    vector = np.frombuffer(blob, dtype="<f4").astype(np.float32)
-    return vector if np.isfinite(vector).all() else None
+    return blob if len(blob) == dims * 4 else None
 
 
 def _check(engine: MemoryEngine, pending: Pending) -> None:

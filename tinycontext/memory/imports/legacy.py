@@ -79,7 +79,8 @@ def read(engine: MemoryEngine, path: Path, session_id: str | None = None) -> Ite
                     for i, h in enumerate(old)]
         vector = None
         if identity and r.get("embedding") and _vector_ok(r.get("embedding_model"), r.get("embedding_dimensions"), identity):
-            vector = decode_vector(r["embedding"], identity["dimensions"], where)
+            blob = decode_vector(r["embedding"], identity["dimensions"], where)
+            vector = None if blob is None else np.frombuffer(blob, "<f4")
             norm = float(np.linalg.norm(vector)) if vector is not None else 0.0
             # Some legacy models stored unnormalised vectors; duplicate detection assumes unit length.
             vector = vector / norm if norm else None

@@ -219,6 +219,23 @@ def raise_if_refused(session: Session, response, error: Exception | None = None)
         raise session.refused[0].error()
 
 
+async def goto(session: Session, tab: Tab, url: str):
+    """Load ``url`` in ``tab``: (the response, whether the load timed out). A guard refusal is a
+    ``blocked`` error and any other failure a :class:`BrowserError`; a page still loading at the
+    timeout is kept (partial pages are still read)."""
+    try:
+        response = await tab.page.goto(url, wait_until="load")
+        raise_if_refused(session, response)
+        return response, False
+    except TinyContextError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Playwright errors carry net:: codes and timeouts
+        if "Timeout" not in type(exc).__name__:
+            raise_if_refused(session, None, exc)
+            raise BrowserError(f"Cannot open {url}: {first_line(exc)}" + block_hint(session)) from exc
+        return None, True
+
+
 def block_hint(session: Session) -> str:
     blocked = [e for e in session.events if e.startswith("blocked")]
     return f" ({blocked[0]})" if blocked else ""

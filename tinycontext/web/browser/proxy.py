@@ -52,7 +52,7 @@ class GuardProxy:
     """One listener on 127.0.0.1 for one browser context (or one HTTP fetcher); ``on_block`` hears each refusal.
     ``route`` names the upstream proxy for a connection the guard allowed (None: connect directly)."""
 
-    def __init__(self, guard: Guard | RefuseAll, on_block: Callable[[Decision], None],
+    def __init__(self, guard: Guard | RefuseAll | Prechecked, on_block: Callable[[Decision], None],
                  route: Callable[[Decision], proxies.Upstream | None] | None = None):
         self.guard = guard
         self.on_block = on_block
@@ -190,13 +190,42 @@ async def _reply(writer: asyncio.StreamWriter, status: int, message: str, header
     await writer.drain()
 
 
+class Prechecked:
+    """The guard as a transport's own loopback proxy asks it: the decision the transport made for a
+    request in flight is used (its checked addresses are the ones connected to), not made a second
+    time with a second lookup. A connection the transport did not announce is decided afresh."""
+
+    def __init__(self, guard: Guard):
+        self.guard = guard
+        self._held: dict[tuple[str | None, int | None], list[Decision]] = {}
+
+    @contextlib.contextmanager
+    def holding(self, decision: Decision):
+        key = (decision.host, decision.port)
+        self._held.setdefault(key, []).append(decision)
+        try:
+            yield
+        finally:  # not taken (a kept-alive tunnel served the request): withdrawn, never left for another
+            held = self._held.get(key, [])
+            if decision in held:
+                held.remove(decision)
+            if not held:
+                self._held.pop(key, None)
+
+    async def adecide(self, url: str) -> Decision:
+        held = self._held.get(self.guard.target(url))
+        return held.pop() if held else await self.guard.adecide(url)
+
+
 class ProxiedTransport(httpx.AsyncBaseTransport):
-    """The HTTP fetcher's transport when upstream proxies are set: the guard checks every hop here (a refusal
-    raises before anything is sent), then httpx talks to a loopback GuardProxy that checks again, pins the
-    address and connects through :meth:`~tinycontext.web.proxies.Proxies.route`'s upstream (or directly, for a bypassed target)."""
+    """The HTTP fetcher's transport when upstream proxies are set: the guard decides every hop here (a refusal
+    raises before anything is sent), then httpx talks to a loopback GuardProxy that connects to that
+    decision's addresses (:class:`Prechecked`: one decision per request) through
+    :meth:`~tinycontext.web.proxies.Proxies.route`'s upstream (or directly, for a bypassed target)."""
 
     def __init__(self, guard: Guard, upstreams: proxies.Proxies):
         self.guard, self.upstreams = guard, upstreams
+        self._checked = Prechecked(guard)
         self._server = None
         self._inner = None
         self._lock: asyncio.Lock | None = None
@@ -205,16 +234,21 @@ class ProxiedTransport(httpx.AsyncBaseTransport):
         self._lock = self._lock or asyncio.Lock()
         async with self._lock:
             if self._inner is None:
-                server = GuardProxy(self.guard, lambda decision: None, self.upstreams.route)
+                server = GuardProxy(self._checked, lambda decision: None, self.upstreams.route)
                 await server.start()
-                self._server, self._inner = server, httpx.AsyncHTTPTransport(proxy=server.url, verify=tls_context())
+                # No kept-alive connections to the listener: it serves one request per connection, and a
+                # reused one could be closed under the next request ("Server disconnected").
+                self._server, self._inner = server, httpx.AsyncHTTPTransport(
+                    proxy=server.url, verify=tls_context(), limits=httpx.Limits(max_keepalive_connections=0))
         return self._inner
 
     async def handle_async_request(self, request):
         decision = await self.guard.adecide(str(request.url))
         if not decision.allowed:
             raise decision.error()
-        return await (await self._ready()).handle_async_request(request)
+        inner = await self._ready()
+        with self._checked.holding(decision):
+            return await inner.handle_async_request(request)
 
     async def aclose(self) -> None:
         if self._inner is not None:

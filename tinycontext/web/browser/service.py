@@ -30,7 +30,7 @@ from ...budget.render import to_json
 from ..guard import Decision, Guard
 from . import launch
 from ..proxies import proxies_for
-from .page import act_on, block_hint, bump, check_view_args, first_line, navigated, page_title, raise_if_refused, settle, tab_number, title_and_url
+from .page import act_on, bump, check_view_args, first_line, goto, navigated, page_title, settle, tab_number, title_and_url
 from .proxy import GuardProxy, RefuseAll
 from .session import MAX_EVENTS, BrowserBusyError, BrowserError, Session, Tab
 from .snapshot import REF_RE, assign_refs, build_tree, fit_lines, render, walk
@@ -301,14 +301,7 @@ class BrowserService:
                 tab = await self._adopt(session, await session.context.new_page())
                 session.current = tab.id
             session.refused.clear()
-            try:
-                raise_if_refused(session, await tab.page.goto(url, wait_until="load"))
-            except TinyContextError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - Playwright errors carry net:: codes and timeouts
-                if "Timeout" not in type(exc).__name__:
-                    raise_if_refused(session, None, exc)
-                    raise BrowserError(f"Cannot open {url}: {first_line(exc)}" + block_hint(session)) from exc
+            if (await goto(session, tab, url))[1]:
                 session.note(f"the page did not finish loading within {self.config.browser_timeout_seconds:g} s")
             await settle(tab)
             return await self._view(session, find=find, depth=depth, max_tokens=max_tokens)
@@ -351,17 +344,7 @@ class BrowserService:
         try:
             async with session.lock:
                 tab = await self._adopt(session, await session.context.new_page())
-                timed_out = False
-                try:
-                    response = await tab.page.goto(url, wait_until="load")
-                    raise_if_refused(session, response)
-                except TinyContextError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - Playwright errors carry net:: codes and timeouts
-                    if "Timeout" not in type(exc).__name__:
-                        raise_if_refused(session, None, exc)
-                        raise BrowserError(f"Cannot open {url}: {first_line(exc)}" + block_hint(session)) from exc
-                    response, timed_out = None, True
+                response, timed_out = await goto(session, tab, url)
                 await settle(tab)
                 return {"url": url, "final_url": tab.page.url, "status": response.status if response else None,
                         "html": await tab.page.content(), "timed_out": timed_out,
