@@ -30,10 +30,25 @@ from web_evidence import REAL_PAGES, PageServer, locomo_site, real_site  # noqa:
 from tinycontext import load_config  # noqa: E402
 from tinycontext.models.backends import create_embedder  # noqa: E402
 from tinycontext.web import ascrape_urls  # noqa: E402
+from tinycontext.web.scrape import clear_page_cache  # noqa: E402
 
 QUERIES = {"news": "How much will the tram line cost and who pays?", "docs": "How long does it wait between retries?",
            "forum": "Why does my starter smell like acetone?", "product": "How heavy is the backpack?",
            "table": "Which city had the biggest drop in rainfall?"}
+
+
+def record_spans():
+    """An in-memory span exporter behind a tracer provider of our own: the library's stage spans get recorded."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return exporter
 
 
 def main() -> None:
@@ -42,7 +57,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=2000)
     parser.add_argument("--out", type=Path, help="also write latency.json and latency.md here")
     parser.add_argument("--only", help="time only the sets whose name contains this (e.g. real)")
+    parser.add_argument("--stages", action="store_true",
+                        help="also time each stage (the library's telemetry spans, kept in memory): fetch, extract, chunk, rank, embed")
     args = parser.parse_args()
+    spans = record_spans() if args.stages else None
     load_before = os.getloadavg()
     fixtures = ROOT / "tests" / "fixtures" / "web"
     pages = {f"/{name}.html": (fixtures / f"{name}.html").read_bytes() for name in QUERIES}
@@ -58,6 +76,9 @@ def main() -> None:
     # CPU time of the call (every thread of the process): on a shared machine the wall clock measures the
     # others' load too; an idle machine's wall time is about this divided by the cores the call keeps busy.
     cpu_ms: dict[str, list[float]] = {}
+    # Per call and stage: the summed span time of that stage over the call's runs (items run concurrently,
+    # so stages of several pages overlap and may add up to more than the call's wall time).
+    stage_ms: dict[str, dict[str, list[tuple[int, float]]]] = {}
     with PageServer(pages) as server:
         sets = {"5 fixture pages": [{"url": f"{server.base_url}/{n}.html", "query": q} for n, q in QUERIES.items()],
                 "3 fixtures + 2 LoCoMo archives (~20k tokens each)":
@@ -70,11 +91,20 @@ def main() -> None:
                 continue
             for _ in range(args.runs):
                 embedder = create_embedder(config)  # fresh cache: cold
+                clear_page_cache()  # and the pages are read (extracted, chunked) anew
                 embedder.embed_documents(["a text no page holds"])  # the model loaded and run once, as in a server
                 for label, run_items, emb in (("cold", items, embedder), ("warm", items, embedder),
                                               ("no query", [{"url": i["url"]} for i in items], embedder)):
+                    if spans is not None:
+                        spans.clear()
                     started, cpu = time.perf_counter(), time.process_time()
                     answer = asyncio.run(ascrape_urls(run_items, args.max_tokens, config=config, embedder=emb))
+                    if spans is not None:
+                        run_stages: dict[str, list[float]] = {}
+                        for span in spans.get_finished_spans():
+                            run_stages.setdefault(span.name, []).append((span.end_time - span.start_time) / 1e6)
+                        for stage, values in run_stages.items():
+                            stage_ms.setdefault(f"{name} | {label}", {}).setdefault(stage, []).append((len(values), sum(values)))
                     timings.setdefault(f"{name} | {label}", []).append((time.perf_counter() - started) * 1000)
                     cpu_ms.setdefault(f"{name} | {label}", []).append((time.process_time() - cpu) * 1000)
                     # A page past web_item_timeout, or ranked partly by keywords (a loaded machine), is counted.
@@ -91,6 +121,14 @@ def main() -> None:
                      "late_items": late[key]})
         lines.append(f"| {name} | {label} | {rows[-1]['median_ms']} | {rows[-1]['min_ms']} | {rows[-1]['median_cpu_ms']} "
                      f"| {sum(late[key])} |")
+    if stage_ms:
+        lines += ["", "Stage time per call (median over runs of the stage's spans summed; concurrent pages overlap):", "",
+                  "| pages | case | stage | spans per call | median ms |", "|---|---|---|---|---|"]
+        for key, stages in stage_ms.items():
+            name, label = key.split(" | ")
+            for stage, values in sorted(stages.items()):
+                lines.append(f"| {name} | {label} | {stage.removeprefix('tinycontext.')} | "
+                             f"{statistics.median(n for n, _ in values):g} | {statistics.median(ms for _, ms in values):.0f} |")
     print("\n".join(lines))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

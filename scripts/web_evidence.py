@@ -377,7 +377,8 @@ def main(cfg: DictConfig) -> None:
                                scrape_chunk_tokens=cfg.chunk_tokens, scrape_passage_tokens=cfg.passage_tokens,
                                scrape_neighbour_weight=cfg.neighbour_weight, scrape_unit_weight=cfg.unit_weight,
                                scrape_unit_candidates=cfg.unit_candidates,
-                               **({"embedding_model": cfg.embedding_model} if cfg.embedding_model else {}))
+                               **({"embedding_model": cfg.embedding_model} if cfg.embedding_model else {}),
+                               **OmegaConf.to_container(cfg.engine, resolve=True))
     pages = {path: body for site in sites for path, body in site.pages.items()}
     rows: list[dict] = []
     with PageServer(pages) as server:

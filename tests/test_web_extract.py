@@ -54,6 +54,9 @@ def test_links_are_absolute_and_exclude_scripts_and_the_page_itself():
             '<a href="guide">Guide again</a></p></article></body></html>')
     links = extract_html(html, "https://docs.example/v2/page").links
     assert [(l.url, l.text) for l in links] == [("https://docs.example/v2/guide", "Guide"), ("https://docs.example/other", "Other")]
+    # An answer that shows no links (a small budget) does not collect them; the text is the same.
+    without = extract_html(html, "https://docs.example/v2/page", links=False)
+    assert without.links == [] and without.markdown == extract_html(html, "https://docs.example/v2/page").markdown
 
 
 @pytest.mark.parametrize("name", PAGES)
@@ -78,6 +81,17 @@ def test_passages_are_original_text_with_offsets_and_bounded_size(name):
     for before, after in zip(chunks, chunks[1:]):  # a gap is the page's text between two chunks of a section
         assert after.gap is None or markdown[before.end:after.start] == after.gap
         assert after.gap is None or after.heading_path == before.heading_path
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_a_limit_reads_the_first_units_and_one_more(name):
+    counter = TokenCounter()
+    markdown = extract_html(load(name)[0], "https://site.example/").markdown
+    every = chunk_markdown(markdown, counter, max_tokens=60, passage_tokens=100)
+    limited = chunk_markdown(markdown, counter, max_tokens=60, passage_tokens=100, limit=3)
+    assert len(every) > 4
+    # The page is read up to the block holding the unit past the limit (which says there are more), no further.
+    assert 4 <= len(limited) < len(every) and limited == every[:len(limited)]
 
 
 def test_list_items_and_table_rows_are_units_of_their_own():

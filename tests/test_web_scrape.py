@@ -277,6 +277,32 @@ def test_fetch_step_is_pluggable(web_config):
     assert "Caspian" in answer["results"][0]["passages"][0]["text"]
 
 
+def test_an_unchanged_page_is_not_read_again(web_config, monkeypatch):
+    """The page cache is keyed by the body's hash (and URL, type, caps): the same page asked again is not
+    extracted and chunked again, and answers the same; a changed page is read anew."""
+    from tinycontext.web import scrape as scrape_mod
+    from tinycontext.web.fetch import FetchResult
+
+    bodies = [ARTICLE, ARTICLE, ARTICLE.replace("<title>Rivers of Europe", "<title>Rivers of Europe, revised")]
+    extracted = []
+    real_extract = scrape_mod.extract_page
+    monkeypatch.setattr(scrape_mod, "extract_page", lambda *a, **k: extracted.append(1) or real_extract(*a, **k))
+
+    class Fetcher:
+        async def fetch(self, url):
+            return FetchResult(url=url, final_url=url, status=200, content_type="text/html", body=bodies.pop(0).encode())
+
+        async def aclose(self):
+            pass
+
+    scrape_mod.clear_page_cache()
+    ask = [{"url": "https://example.org/rivers", "query": "How long is the Volga?"}]
+    answers = [scrape_urls(ask, 300, config=web_config, fetcher=Fetcher(), embedder=HashEmbedder()) for _ in range(3)]
+    assert len(extracted) == 2 and answers[0] == answers[1]
+    assert answers[2]["results"][0]["title"].startswith("Rivers of Europe, revised")
+    assert answers[0]["results"][0]["title"].startswith("Rivers of Europe | ")
+
+
 TOWNS = ["Ulm", "Ingolstadt", "Regensburg", "Passau", "Linz", "Krems", "Vienna", "Bratislava", "Komarno", "Esztergom",
          "Vukovar", "Novi Sad"]
 
@@ -369,6 +395,10 @@ def test_only_the_units_of_passages_chosen_by_bm25_are_embedded():
     wide = CountingEmbedder()
     rank_chunks("roman bridges", chunks, wide, config, budget=2 * config.scrape_passage_tokens)
     assert len(wide.documents) > len(embedder.documents)
+    # The pages of one call share its candidates, as they share its budget: one of three pages embeds one passage's units.
+    shared = CountingEmbedder()
+    rank_chunks("roman bridges", chunks, shared, config, pages=3)
+    assert len({next(c.passage for c in chunks if t.split("\n", 1)[1] in c.text) for t in shared.documents}) == 1
 
 
 def test_links_that_share_no_word_with_the_query_are_left_out(loopback_only, web_config):

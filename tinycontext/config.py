@@ -217,8 +217,9 @@ class TinyContextConfig(BaseModel):
     # heading path) ranked among all the page's; 0: passages are scored whole only (and units are not embedded).
     scrape_unit_weight: float = Field(0.5, ge=0.0, le=2.0)
     # Only the units of this many passages of a page, those BM25 ranks best, are embedded (more when the
-    # budget holds more: 4 per passage that fits); every unit is ranked by BM25, which is cheap. A page
-    # never seen before costs a fraction of its text to embed, not all of it.
+    # budget holds more: 4 per passage that fits; the pages of one call share them, as they share its budget);
+    # every unit is ranked by BM25, which is cheap. A page never seen before costs a fraction of its text to
+    # embed, not all of it.
     scrape_unit_candidates: int = Field(12, ge=0)
     # A PDF is read up to this many pages (its bytes are bounded by web_max_bytes).
     scrape_pdf_max_pages: int = Field(200, ge=1, le=10_000)

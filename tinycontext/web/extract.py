@@ -140,8 +140,10 @@ def _cut_after(tree, limit: int) -> bool:
     return False
 
 
-def extract_html(html: str, url: str, *, max_chars: int | None = None, deadline: Deadline | None = None) -> ExtractedPage:
-    """Main content as Markdown (headings, lists, tables, code kept), the title and the links; with
+def extract_html(html: str, url: str, *, max_chars: int | None = None, deadline: Deadline | None = None,
+                 links: bool = True) -> ExtractedPage:
+    """Main content as Markdown (headings, lists, tables, code kept), the title and the links (none collected
+    when ``links`` is false: an answer below LINKS_FROM_TOKENS shows none); with
     ``max_chars``, only the part of the page holding the first twice that many characters of text is read.
     TimeoutError past the ``deadline`` (checked between steps; each is bounded by the caps)."""
     check = deadline.check if deadline is not None else lambda: None
@@ -153,7 +155,7 @@ def extract_html(html: str, url: str, *, max_chars: int | None = None, deadline:
     for bad in tree.xpath("//script|//style|//noscript|//template"):
         bad.drop_tree()
     title = _title_from(tree)
-    links = _links(tree, url)
+    found = _links(tree, url) if links else []
     cut = max_chars is not None and _cut_after(tree, 2 * max_chars)  # twice: boilerplate is dropped later
     check()
     _drop_action_bars(tree)
@@ -163,11 +165,11 @@ def extract_html(html: str, url: str, *, max_chars: int | None = None, deadline:
     markdown = trafilatura.extract(tree, url=url, output_format="markdown", include_tables=True, favor_recall=True,
                                    include_formatting=True, include_comments=True, include_links=False,
                                    include_images=False, with_metadata=False) or ""
-    return ExtractedPage(url, title, markdown.strip(), links, cut)
+    return ExtractedPage(url, title, markdown.strip(), found, cut)
 
 
 def extract_page(result: FetchResult, *, pdf_max_pages: int = 200, max_chars: int | None = None,
-                 deadline: Deadline | None = None) -> ExtractedPage:
+                 deadline: Deadline | None = None, links: bool = True) -> ExtractedPage:
     """The page a successful fetch holds (HTML through trafilatura, PDF through
     :mod:`tinycontext.web.pdf`, at most ``pdf_max_pages`` pages; plain text as it is), its text
     at most ``max_chars`` characters (``cut`` says when it was cut); TimeoutError past the ``deadline``."""
@@ -175,7 +177,8 @@ def extract_page(result: FetchResult, *, pdf_max_pages: int = 200, max_chars: in
     if result.content_type in PDF_TYPES:
         page = extract_pdf(result.body, url, max_pages=pdf_max_pages, deadline=deadline)
     elif result.content_type in HTML_TYPES:
-        page = extract_html(decode_body(result.body, result.charset), url, max_chars=max_chars, deadline=deadline)
+        page = extract_html(decode_body(result.body, result.charset), url, max_chars=max_chars, deadline=deadline,
+                            links=links)
     else:
         text = decode_body(result.body, result.charset, html=False).replace("\r\n", "\n").replace("\x00", "").strip()
         page = ExtractedPage(url, text.split("\n", 1)[0][:120].strip() if text else "", text)

@@ -126,14 +126,14 @@ def candidate_passages(bm25_passages: Sequence[tuple[int, float]], unit_passages
 
 
 def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyContextConfig,
-                deadline: Deadline | None = None, budget: int | None = None) -> list[tuple[int, float]]:
+                deadline: Deadline | None = None, budget: int | None = None, pages: int = 1) -> list[tuple[int, float]]:
     """(position, score) of the chunks (the page's units), best first: the fused score of its passage (after
     the neighbour boost) plus ``scrape_unit_weight`` times the fused score of its best unit among all the
     page's units.
 
     Every passage and unit is ranked by BM25 (cheap); only the units of the passages chosen by BM25
-    (:func:`candidate_passages`: ``scrape_unit_candidates``, or CANDIDATES_PER_FIT per passage that the
-    item's ``budget`` holds when that is more) are embedded, and a passage's vector is the
+    (:func:`candidate_passages`: an equal share of ``scrape_unit_candidates`` among the call's ``pages``, or
+    CANDIDATES_PER_FIT per passage that the item's ``budget`` holds when that is more) are embedded, and a passage's vector is the
     mean of its units' (a page new to the embedder costs a fraction of its text, not twice it). The
     others keep their BM25 share of the fused scores. Embedding stops at the ``deadline``'s soft
     limit: what was embedded by then is used."""
@@ -151,7 +151,8 @@ def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyConte
     dense_passages: list[tuple[int, float]] = []
     dense_units: list[tuple[int, float]] = []
     if weight > 0.0:
-        depth = config.scrape_unit_candidates
+        # The pages of one call share its candidates as they share its budget: five pages cost about one.
+        depth = math.ceil(config.scrape_unit_candidates / max(1, pages))
         if budget is not None:
             depth = max(depth, math.ceil(CANDIDATES_PER_FIT * budget / config.scrape_passage_tokens))
         chosen = set(candidate_passages(bm25_passages, [unit_passage[u] for u, _ in bm25_units], sections, depth))

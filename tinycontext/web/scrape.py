@@ -13,6 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import hashlib
+import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -91,32 +94,24 @@ _EXECUTOR = ThreadPoolExecutor(max_workers=MAX_ITEMS, thread_name_prefix="tinyco
 
 def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyContextConfig,
              counter: TokenCounter, deadline: Deadline | None = None, budget: int | None = None,
-             links: bool = True) -> PageResult:
+             links: bool = True, pages: int = 1) -> PageResult:
     if fetched.outcome != "ok":
         return PageResult(item, fetched, fetched.outcome)
     deadline = deadline or Deadline()
-    with telemetry.operation("scrape.extract", bytes=len(fetched.body)):
-        page: ExtractedPage = extract_page(fetched, pdf_max_pages=config.scrape_pdf_max_pages,
-                                           max_chars=config.scrape_max_chars, deadline=deadline)
-    deadline.check()
-    markdown = page.markdown
+    page, chunks, more = _read(fetched, config, counter, deadline, links)
     note = f"the page was read up to {config.scrape_max_chars} characters of text (scrape_max_chars)" if page.cut else ""
-    result = PageResult(item, fetched, "ok", title=page.title, markdown_chars=len(markdown), note=note)
-    if not markdown.strip():
+    result = PageResult(item, fetched, "ok", title=page.title, markdown_chars=len(page.markdown), note=note)
+    if not page.markdown.strip():
         result.outcome = "empty"
         return result
-    with telemetry.operation("scrape.chunk") as op:
-        result.chunks = chunk_markdown(markdown, counter, max_tokens=config.scrape_chunk_tokens,
-                                       passage_tokens=config.scrape_passage_tokens, deadline=deadline)
-        if len(result.chunks) > config.scrape_max_chunks:
-            result.chunks = result.chunks[:config.scrape_max_chunks]
-            result.note = f"the page was read up to its first {config.scrape_max_chunks} units (scrape_max_chunks)"
-        op.set(chunks=len(result.chunks), tokens=sum(chunk.tokens for chunk in result.chunks))
+    result.chunks = list(chunks)
+    if more:
+        result.note = f"the page was read up to its first {config.scrape_max_chunks} units (scrape_max_chunks)"
     result.links = page.links
     deadline.check()
     if item.ranked:
         with telemetry.operation("scrape.rank", mode="keyword" if embedder is None else "hybrid", chunks=len(result.chunks)):
-            _rank(item, result, page, embedder, config, deadline, budget, links)
+            _rank(item, result, page, embedder, config, deadline, budget, pages)
         if deadline.cut:
             cut = (f"ranked partly by keywords alone: embedding stopped at {SOFT_SHARE:.0%} of "
                    f"web_item_timeout={config.web_item_timeout:g} s")
@@ -124,13 +119,55 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
     return result
 
 
+# Pages read lately (text and units), by what decides them: the body's hash, URL and type, and the caps. An
+# unchanged page asked again (the agent's next question on it) is not extracted and chunked again, as its
+# units are not embedded again (the embedder's cache is keyed by text). Chunks are never changed once made.
+PAGE_CACHE_SIZE = 16
+_pages: OrderedDict[tuple, tuple[ExtractedPage, list, bool]] = OrderedDict()
+_pages_lock = threading.Lock()
+
+
+def clear_page_cache() -> None:
+    """Forget the pages read (a benchmark's cold call reads its pages as new)."""
+    with _pages_lock:
+        _pages.clear()
+
+
+def _read(fetched: FetchResult, config: TinyContextConfig, counter: TokenCounter, deadline: Deadline,
+          links: bool) -> tuple[ExtractedPage, list, bool]:
+    """The page's extracted text, its units (at most scrape_max_chunks) and whether it had more."""
+    key = (hashlib.sha256(fetched.body).digest(), fetched.final_url or fetched.url, fetched.content_type, fetched.charset,
+           links, counter.encoding.name, config.scrape_pdf_max_pages, config.scrape_max_chars, config.scrape_chunk_tokens,
+           config.scrape_passage_tokens, config.scrape_max_chunks)
+    with _pages_lock:
+        if key in _pages:
+            _pages.move_to_end(key)
+            return _pages[key]
+    with telemetry.operation("scrape.extract", bytes=len(fetched.body)):  # links only if the answer can show them
+        page = extract_page(fetched, pdf_max_pages=config.scrape_pdf_max_pages, max_chars=config.scrape_max_chars,
+                            deadline=deadline, links=links)
+    deadline.check()
+    chunks: list = []
+    if page.markdown.strip():
+        with telemetry.operation("scrape.chunk") as op:
+            chunks = chunk_markdown(page.markdown, counter, max_tokens=config.scrape_chunk_tokens,
+                                    passage_tokens=config.scrape_passage_tokens, deadline=deadline,
+                                    limit=config.scrape_max_chunks)
+            op.set(chunks=min(len(chunks), config.scrape_max_chunks),
+                   tokens=sum(chunk.tokens for chunk in chunks[:config.scrape_max_chunks]))
+    read = (page, chunks[:config.scrape_max_chunks], len(chunks) > config.scrape_max_chunks)
+    with _pages_lock:
+        _pages[key] = read
+        while len(_pages) > PAGE_CACHE_SIZE:
+            _pages.popitem(last=False)
+    return read
+
+
 def _rank(item: ScrapeItem, result: PageResult, page: ExtractedPage, embedder, config: TinyContextConfig,
-          deadline: Deadline, budget: int | None, links: bool) -> None:
-    order = rank_chunks(item.query, result.chunks, embedder, config, deadline, budget)
+          deadline: Deadline, budget: int | None, pages: int) -> None:
+    order = rank_chunks(item.query, result.chunks, embedder, config, deadline, budget, pages)
     result.chunks = [result.chunks[i] for i, _ in order]
-    if not links:  # the answer will have no room for links (below LINKS_FROM_TOKENS): embedding them is waste
-        result.links = []
-        return
+    # No links were collected when the answer has no room for them (below LINKS_FROM_TOKENS).
     # Related links share a word with the query (navigation and sidebars do not, and would eat the
     # budget); those are ranked like passages.
     texts = [f"{l.text} {l.url}" for l in page.links]
@@ -171,7 +208,7 @@ async def afetch_and_rank(items: Sequence[ScrapeItem], *, config: TinyContextCon
                 ranker = await model_for_ranking() if item.ranked and fetched.outcome == "ok" else None
                 # The page's stages run on a worker thread, in this item's context (their spans join the scrape's).
                 return await loop.run_in_executor(_EXECUTOR, contextvars.copy_context().run, _process, item, fetched, ranker,
-                                                  config, counter, deadline, share, links)
+                                                  config, counter, deadline, share, links, len(items))
         except TimeoutError:
             late = FetchResult(url=item.url, final_url=fetched.final_url if fetched else item.url, outcome="timeout",
                                status=fetched.status if fetched else None,
