@@ -2,7 +2,7 @@
 
 Run with that package's own venv (it needs Python >= 3.12), not the project's:
     ~/.pyenv/versions/3.12.1/bin/python -m venv /work/bench-venv-0.5.1
-    /work/bench-venv-0.5.1/bin/pip install tinysuite-context==0.5.1 onnx
+    /work/bench-venv-0.5.1/bin/pip install tinysuite-context==0.5.1 onnx pysqlite3-binary
     HF_HUB_OFFLINE=1 TIKTOKEN_CACHE_DIR=../shared/tiktoken/cache \
         /work/bench-venv-0.5.1/bin/python scripts/bench_baseline_tinycontext05.py --out /tmp/base.json
 
@@ -32,6 +32,17 @@ import uuid
 from pathlib import Path
 
 import bench_locomo
+
+# pyenv's Python here is built without loadable SQLite extensions, so 0.5.1 would fall back to scoring
+# every stored vector in Python; a user's usual Python loads its sqlite-vec natively. pysqlite3 (the
+# SQLite library with extension loading) stands in for that sqlite3 before 0.5.1 imports it.
+try:
+    import pysqlite3.dbapi2
+
+    sys.modules["sqlite3"] = pysqlite3.dbapi2
+except ImportError:
+    pass
+import sqlite3  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 BUNDLE = SHARED / "models" / "minilm-l6-int8"
@@ -71,8 +82,6 @@ def build_pooled_bundle(models_dir: Path) -> Path:
 
 
 def _ids_in_order(db_path: Path, ids: list[str]) -> dict[str, str]:
-    import sqlite3
-
     with sqlite3.connect(db_path) as conn:
         marks = ",".join("?" * len(ids))
         return dict(conn.execute(f"SELECT id, content FROM memories WHERE id IN ({marks})", ids).fetchall()) if ids else {}
@@ -123,6 +132,13 @@ def run(args) -> dict:
     return out
 
 
+def native_vec() -> bool:
+    """Whether 0.5.1 searches with sqlite-vec itself (else its Python fallback scores every vector)."""
+    from tinycontext.services.memory_store_service import _load_sqlite_vec
+
+    return _load_sqlite_vec(sqlite3.connect(":memory:"))
+
+
 def latency(args) -> dict:
     """Recall p50/p95 of 0.5.1 over the memories in ``--latency`` (a JSON file written by bench_release.py:
     sessions of texts with their vectors, the same rows our engine is timed on, and fresh queries).
@@ -141,8 +157,6 @@ def latency(args) -> dict:
     db = work / "latency.db"
     config = {"memory_db_path": str(db), "embedding_model": "fast", "models_dir": str(models_dir)}
     save_memories([MemoryInput(content="warm-up")], session_id="warmup", config=config)
-    import sqlite3
-
     with sqlite3.connect(db) as conn:
         model_key = conn.execute("SELECT embedding_model FROM memories LIMIT 1").fetchone()[0]
     stamp = "2026-01-01T00:00:00+00:00"
@@ -161,7 +175,7 @@ def latency(args) -> dict:
         recall_memories(q, session_id=spec["session"], top_k=10, config=config)
         ms.append((time.perf_counter() - started) * 1000)
     shutil.rmtree(work, ignore_errors=True)
-    return {"memories": row, "session": spec["session"], "queries": len(ms),
+    return {"memories": row, "session": spec["session"], "queries": len(ms), "native_sqlite_vec": native_vec(),
             "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95))}
 
 

@@ -147,12 +147,12 @@ def part_recall(work: Path, db100k: Path | None, small: bool) -> dict:
     for name, db, session in (("alone", alone, "s0"), ("among", among, "s2"), ("big", big_db, "s0")):
         with bench_engine.new_engine(db) as engine:
             out[name] = timed_recalls(engine, session, [next(queries) for _ in range(nq)])
-    # TinyContext 0.5.1 on the same 10k memories and the same kind of queries. As installed here it scores
-    # every stored vector in Python (this Python cannot load sqlite-vec): seconds a recall, so few queries.
+    # TinyContext 0.5.1 on the same 10k memories and the same kind of queries, with its native sqlite-vec
+    # (pysqlite3 in its venv; the output's native_sqlite_vec says whether it loaded).
     if bench_engine.BASELINE_PY.exists():
         np.save(work / "tc051-vectors.npy", np.concatenate([v for _, v in rows.values()]))
         spec = {"sessions": {s: c for s, (c, _) in rows.items()}, "vectors": str(work / "tc051-vectors.npy"), "session": "s0",
-                "queries": [next(queries) for _ in range(5 if small else 20)]}
+                "queries": [next(queries) for _ in range(5 if small else 100)]}
         (work / "tc051-latency.json").write_text(json.dumps(spec))
         subprocess.run([str(bench_engine.BASELINE_PY), str(Path(__file__).with_name("bench_baseline_tinycontext05.py")),
                         "--latency", str(work / "tc051-latency.json"), "--out", str(work / "tc051-latency-out.json")], check=True,

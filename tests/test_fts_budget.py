@@ -1,8 +1,9 @@
-"""Bounded BM25 work (tinycontext/retrieval/bounded_bm25.py): the commonest query words are dropped only when
-the rows to score exceed the budget; otherwise the query is fts_query's."""
+"""Bounded BM25 work (tinycontext/retrieval/bounded_bm25.py): the commonest query words are set aside only when
+the rows to score exceed the budget (they still score the rows kept); otherwise the query is fts_query's."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
@@ -22,16 +23,32 @@ def _engine(tmp_path, budget: int) -> MemoryEngine:
 def test_commonest_words_dropped_past_the_budget(tmp_path):
     with _engine(tmp_path, 20) as engine:
         query = "rare common middling usual"
-        assert bounded_match(engine.store, query, 20) == '"rare" OR "middling"'  # 2 + 10 rows; 30 and 60 dropped
-        assert bounded_match(engine.store, query, 45) == '"rare" OR "middling" OR "usual"'
-        assert bounded_match(engine.store, query, 1000) == fts_query(query)  # fewer memories than the budget
-        assert bounded_match(engine.store, query, 0) == fts_query(query)  # no bound
-        assert bounded_match(engine.store, "common usual", 5) == '"usual"'  # the rarest word always stays
-        assert bounded_match(engine.store, "common", 5) == '"common"'
-        assert bounded_match(engine.store, "the of", 5) == fts_query("the of")
+        assert bounded_match(engine.store, query, 20) == ('"rare" OR "middling"', '"common" OR "usual"')  # 2 + 10 rows; 60 and 30 aside
+        assert bounded_match(engine.store, query, 45)[0] == '"rare" OR "middling" OR "usual"'
+        assert bounded_match(engine.store, query, 1000)[0] == fts_query(query)  # fewer memories than the budget
+        assert bounded_match(engine.store, query, 0) == (fts_query(query), None)  # no bound
+        assert bounded_match(engine.store, "common usual", 5)[0] == '"usual"'  # the rarest word always stays
+        assert bounded_match(engine.store, "common", 5)[0] == '"common"'
+        assert bounded_match(engine.store, "the of", 5)[0] == fts_query("the of")
         hits = engine.candidate_search.bm25(query, "s", [], 100)
         contents = [engine.get(i)["content"] for i, _ in hits]
         assert len(hits) == 12 and all("middling" in c or "rare" in c for c in contents)
+
+
+def test_words_set_aside_still_score_the_rows_kept(tmp_path):
+    """Past the budget only rows holding a kept word are scored, but by the whole query: every hit has
+    the unbounded search's score, in its order, also when the list is cut short."""
+    with _engine(tmp_path, 20) as engine:
+        query = "rare common middling usual"
+        search = engine.candidate_search
+        bounded = {depth: search.bm25(query, "s", [], depth) for depth in (3, 100)}
+        search.config = engine.config.model_copy(update={"recall_fts_budget": 0})
+        full = search.bm25(query, "s", [], 100)
+        kept = [(i, score) for i, score in full if "rare" in engine.get(i)["content"] or "middling" in engine.get(i)["content"]]
+        assert len(kept) == 12 and len(full) == 60
+        for depth, hits in bounded.items():  # the same sums, up to the order FTS5 adds the phrases in
+            assert [i for i, _ in hits] == [i for i, _ in kept[:depth]]
+            assert [score for _, score in hits] == pytest.approx([score for _, score in kept[:depth]], rel=1e-12)
 
 
 def test_under_the_budget_recall_is_unchanged(tmp_path):
@@ -54,7 +71,7 @@ def test_session_search_is_the_joined_search(tmp_path):
         engine.save(["apple pear only"], session_id="d")  # a session saved in one call: its range is its own
         for session in ("a", "b", "c", "d"):
             for query in ("apple", "pear note", "apple 3"):
-                plain = engine.candidate_search.bm25_hits(bounded_match(engine.store, query, 0), [], session, None, [], None, 100)
+                plain = engine.candidate_search.bm25_hits(bounded_match(engine.store, query, 0)[0], [], session, None, [], None, 100)
                 assert engine.candidate_search.bm25(query, session, [], 100) == plain
                 assert plain and all(engine.get(i)["session_id"] == session for i, _ in plain)
         assert engine.candidate_search.mixed_sessions == {"a"}  # b lies inside a's range, c and d do not mix

@@ -113,8 +113,9 @@ class TinyContextConfig(BaseModel):
     # ranked above it (0: off; retrieval.cliff_cut), read on the first search's order so every page
     # agrees (memory/recall.py cut); chosen from scripts/tune_floor.py (notes/relevance_floor.md).
     recall_score_cliff: float = Field(0.25, ge=0.0, le=0.99)
-    # Rows BM25 may score per recall: the query's commonest words are dropped past it (0: no bound).
-    recall_fts_budget: int = Field(30_000, ge=0)
+    # Rows BM25 may score per recall: past it the query's commonest words add no rows to score, but still score
+    # the rows holding the others (retrieval/bounded_bm25.py; 0: no bound).
+    recall_fts_budget: int = Field(10_000, ge=0)
     # Conversations (tinycontext/retrieval/conversation.py): a turn gains weight / (3 + its episode's rank), a
     # share of the score of the turn before/after it, and x(1 + boost) when the query names its speaker.
     # 0 turns a signal off. Chosen on LoCoMo dev with leave-one-conversation-out checks (notes/locomo.md).
@@ -153,8 +154,8 @@ class TinyContextConfig(BaseModel):
     # Bigger sessions are searched in two stages up to this many vectors: sign bits in RAM (~56 bytes a
     # vector with its id), int8 codes read from the database for the candidates (tinycontext/memory/vector_index.py).
     vector_quantized_max: int = Field(20_000_000, ge=0)
-    # Two-stage sessions up to this many vectors also hold their int8 codes in RAM (388 bytes a vector at
-    # 384 dimensions) for the rescoring, instead of reading the candidates' codes from the database per query.
+    # Two-stage sessions up to this many vectors also hold their codes in RAM at 4 bits (196 bytes a vector at
+    # 384 dimensions) to rank the candidates, so only the best few hundred int8 codes are read per query.
     vector_codes_max: int = Field(2_000_000, ge=0)
     # Read-only connections recall and other reads use at once (WAL: they do not wait for each other or
     # for a write); 0: reads share the write connection.

@@ -20,7 +20,7 @@ from .. import telemetry
 from ..config import TinyContextConfig
 from ..models.backends import EmbedderProtocol
 from ..retrieval import conversation, language
-from ..retrieval.bounded_bm25 import bounded_match
+from ..retrieval.bounded_bm25 import bounded_match, merge
 from ..retrieval.filters import Filters
 from ..retrieval.fusion import Signals
 from .store import Store
@@ -82,25 +82,26 @@ class CandidateSearch:
             if span is None:
                 return []
         # The trigram index takes substrings, and terms under 3 characters only through LIKE (language.py).
+        aside = None  # words bounded_match set aside: they score, but do not add rows to score
         if self.config.fts_tokenizer == "trigram":
             match, short = language.trigram_query(query)
         else:
-            match, short = bounded_match(self.store, query, self.config.recall_fts_budget, span), []
+            (match, aside), short = bounded_match(self.store, query, self.config.recall_fts_budget, span), []
         if match is None and not short:
             return []
         if session is not None and session not in self.mixed_sessions:
             # A session's id range usually holds only its own memories, and then the join is not needed.
             # Exact either way: a hit from another session sends the search through the join, and the
             # session is remembered as mixed (ids only grow, so it stays so).
-            hits = self.bm25_hits(match, short, None, span, tags, filters, depth)
+            hits = self.bm25_hits(match, short, None, span, tags, filters, depth, aside)
             if not hits or not self.store.read("SELECT 1 FROM memories WHERE id IN (SELECT value FROM json_each(?)) AND session_id != ? LIMIT 1",
                                                (json.dumps([h[0] for h in hits]), session)):
                 return hits
             self.mixed_sessions.add(session)
-        return self.bm25_hits(match, short, session, span, tags, filters, depth)
+        return self.bm25_hits(match, short, session, span, tags, filters, depth, aside)
 
     def bm25_hits(self, match: str | None, short: list[str], session: str | None, span: tuple[int, int] | None,
-                  tags: Sequence[str], filters: Filters | None, depth: int) -> list[tuple[int, float]]:
+                  tags: Sequence[str], filters: Filters | None, depth: int, aside: str | None = None) -> list[tuple[int, float]]:
         if session is None:
             # Every FTS row is a memory (triggers), so no join is needed to read ids.
             base, params, id_column = "FROM memories_fts WHERE {where}", [], "rowid"
@@ -119,6 +120,9 @@ class CandidateSearch:
             sql = (f"SELECT {id_column}, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score " + base.format(where="memories_fts MATCH ?")
                    + where_sql + f" ORDER BY score DESC, {id_column} LIMIT ?")
             hits = [(r[0], r[1]) for r in self.store.read(sql, [match, *params, *filter_params, depth])]
+            if aside is not None and hits:  # the rows also holding a set-aside word, scored by the whole query
+                both = self.store.read(sql, [f"({match}) AND ({aside})", *params, *filter_params, depth])
+                hits = merge(hits, [(r[0], r[1]) for r in both], depth)
         if short and len(hits) < depth:
             # Short terms rank after the BM25 hits, by how many of them a memory contains.
             likes = ["(memories_fts.content LIKE ? ESCAPE '\\' OR memories_fts.tags LIKE ? ESCAPE '\\')" for _ in short]

@@ -64,6 +64,31 @@ def scores(packed: np.ndarray, query: np.ndarray, centre: np.ndarray) -> np.ndar
     return (codes @ query) * scales + float(centre @ query)
 
 
+def nibbles(packed: np.ndarray) -> np.ndarray:
+    """(n, d / 2 + 4) uint8: :func:`int8_codes` ``packed`` requantised to 4 bits (two a byte, each the
+    code + 8 in 1..15), then the float32 scale that turns them back: half the bytes, for ranking
+    candidates in RAM; the int8 codes stay the ones written."""
+    d = packed.shape[1] - 4
+    out = np.empty((len(packed), d // 2 + 4), np.uint8)
+    for start in range(0, len(packed), 8192):  # in slices: a session loads in one call, its temporaries stay small
+        part = packed[start:start + 8192]
+        # round(code * 7 / 127) in integers, + 8
+        coarse = ((part[:, :d].view(np.int8).astype(np.int16) * 14 + 127) // 254 + 8).astype(np.uint8)
+        out[start:start + 8192, : d // 2] = (coarse[:, 0::2] << 4) | coarse[:, 1::2]
+        out[start:start + 8192, d // 2:] = (np.ascontiguousarray(part[:, d:]).view(np.float32) * np.float32(127 / 7)).view(np.uint8)
+    return out
+
+
+def nibble_scores(packed: np.ndarray, query: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """Approximate cosines of the unit ``query`` with the rows whose :func:`nibbles` are ``packed``."""
+    half = len(query) // 2
+    high, low = (packed[:, :half] >> 4).astype(np.float32), (packed[:, :half] & 15).astype(np.float32)
+    scales = np.ascontiguousarray(packed[:, half:]).view(np.float32)[:, 0]
+    # Each code is stored + 8: the query's sum times 8 comes off once, not per element.
+    raw = high @ query[0::2] + low @ query[1::2] - 8.0 * float(query.sum())
+    return raw * scales + float(centre @ query)
+
+
 def centre(conn) -> np.ndarray | None:
     row = conn.execute("SELECT value FROM meta WHERE key = ?", (CENTRE_KEY,)).fetchone()
     return None if row is None else np.frombuffer(bytes.fromhex(row[0]), np.float32)

@@ -22,11 +22,11 @@ searched in two stages over the compact codes every vector has beside it (tinyco
 up to ``quantized_max`` vectors (``vector_quantized_max``; 0: never): the sign bits of all the
 session's rows are held in RAM (48 bytes a vector at 384 dimensions: 10M vectors take ~560 MB with
 their ids) and scanned by Hamming distance (faiss, one thread, filters applied inside the scan as a
-bitmap); the best :func:`rescore_depth` are rescored by their int8 codes: held in RAM beside the bits
-for sessions up to ``codes_max`` vectors (``vector_codes_max``; 388 bytes a vector), else read from
-``memory_codes`` by id per query (the codes then stay on disk, so RSS does not grow with them, but
-those reads cost most of the query: notes/bench_scale.md). Scores are
-those int8 cosines, within ~1e-3 of the exact ones; tests/test_vector_codes.py checks recall@10
+bitmap); the best :func:`rescore_depth` are rescored by their int8 codes, read from ``memory_codes`` by
+id. Reading thousands of codes per query costs most of it (notes/bench_scale.md), so sessions up to
+``codes_max`` vectors (``vector_codes_max``) also hold every code in RAM at 4 bits (``codes.nibbles``,
+196 bytes a vector: half the int8 copy's RSS): those rank the candidates first, and only the best
+:func:`recheck_depth` are read back as int8. Scores are the int8 cosines, within ~1e-3 of the exact ones; tests/test_vector_codes.py checks recall@10
 against exact float search, scripts/bench_scale.py measures it at 100k-10M. Sessions larger still,
 and searches across all sessions when they hold more than ``max_vectors``, return None and the
 caller queries vec0.
@@ -58,6 +58,10 @@ LOAD_SLICE = 8192
 # memories (the sweep: notes/bench_scale.md).
 RESCORE_MIN = 4000
 RESCORE_PER_HIT = 10
+# With the 4-bit codes in RAM, the candidates they rank best whose int8 codes are read to score them:
+# at least RECHECK_MIN, RECHECK_PER_HIT per requested hit (4-bit cosines err by ~3e-3, a few hundredths at worst).
+RECHECK_MIN = 200
+RECHECK_PER_HIT = 2
 
 # Products run on one BLAS thread: OpenBLAS workers keep spinning after a multi-threaded product
 # and starve the ONNX query embedding that runs next (notes/design_figures.md), while a product
@@ -118,9 +122,9 @@ class _Block:
 
 class _QuantBlock:
     """A session held as sign bits (tinycontext/memory/codes.py) for the two-stage search: every row's
-    bits in RAM (48 bytes at 384 dimensions), its int8 codes too when ``with_codes`` (else read from
-    ``memory_codes`` for the candidates only). Rows are in ``memory_bits`` order (by id) as loaded,
-    appends after them."""
+    bits in RAM (48 bytes at 384 dimensions), its codes at 4 bits too when ``with_codes`` (the int8
+    codes are read from ``memory_codes`` for the candidates only). Rows are in ``memory_bits`` order
+    (by id) as loaded, appends after them."""
 
     quantized = True
 
@@ -137,8 +141,10 @@ class _QuantBlock:
         return self._ids[: self.n]
 
     def append_bits(self, ids: np.ndarray, bits: np.ndarray, packed: np.ndarray | None = None) -> None:
-        """Append rows' bits and (when held) their int8 codes ``packed``."""
+        """Append rows' bits and (when held) their int8 codes ``packed``, kept at 4 bits."""
         need = self.n + len(ids)
+        if self._codes is not None:
+            packed = codes.nibbles(packed)
         if need > len(self._ids):
             capacity = max(need, self.n + self.n // 8, self._expected, 64)
             self._bits = _grown(self._bits, self.n, capacity, bits.shape[1])
@@ -167,7 +173,7 @@ class _QuantBlock:
         bits, packed = self._codes_of(coded)
         self._bits[at] = bits
         if packed is not None:
-            self._codes[at] = packed
+            self._codes[at] = codes.nibbles(packed)
 
     def remove(self, memory_id: int) -> None:
         for i in np.flatnonzero(self.ids == memory_id)[::-1]:
@@ -178,9 +184,10 @@ class _QuantBlock:
             self.n = last
 
     def search(self, conn, query: np.ndarray, count: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """About ``count`` (id, cosine) of the rows most similar to the unit ``query``, best first:
-        the :func:`rescore_depth` nearest by Hamming distance (only rows where ``mask`` is set,
-        skipped inside the scan), rescored by their int8 codes."""
+        """About ``count`` (id, cosine) of the rows most similar to the unit ``query``: the
+        :func:`rescore_depth` nearest by Hamming distance (only rows where ``mask`` is set, skipped
+        inside the scan), rescored by their int8 codes (with the 4-bit codes held, only the
+        :func:`recheck_depth` they rank best)."""
         allowed = self.n if mask is None else int(mask.sum())
         depth = min(allowed, rescore_depth(count))
         if depth <= 0:
@@ -199,9 +206,10 @@ class _QuantBlock:
         faiss.hammings_knn_hc(heap, faiss.swig_ptr(q_bits), faiss.swig_ptr(bits), self.n, bits.shape[1], 0, faiss.EXACT_TOPK, selector)
         found = positions[0][positions[0] >= 0]
         ids = self.ids[found]
-        if self._codes is not None:
+        if self._codes is not None and len(found) > recheck_depth(count):
             with _one_blas_thread():
-                return ids, codes.scores(self._codes[found], query, self.centre)
+                coarse = codes.nibble_scores(self._codes[found], query, self.centre)
+            ids = np.sort(ids[np.argpartition(-coarse, recheck_depth(count) - 1)[:recheck_depth(count)]])  # in key order: fewer page reads
         packed = dict(conn.execute("SELECT memory_id, codes FROM memory_codes WHERE memory_id IN (SELECT value FROM json_each(?))",
                                    (json.dumps(ids.tolist()),)).fetchall())
         ids = np.array([i for i in ids.tolist() if i in packed], np.int64)  # a code missing: the stamp catches that change
@@ -222,6 +230,11 @@ def _grown(array: np.ndarray, n: int, capacity: int, width: int) -> np.ndarray:
 def rescore_depth(count: int) -> int:
     """Candidates the Hamming stage keeps for ``count`` hits: RESCORE_MIN, or RESCORE_PER_HIT each."""
     return max(RESCORE_MIN, RESCORE_PER_HIT * count)
+
+
+def recheck_depth(count: int) -> int:
+    """Candidates the 4-bit codes pass on to the int8 rescoring for ``count`` hits."""
+    return max(RECHECK_MIN, RECHECK_PER_HIT * count)
 
 
 def _one_faiss_thread() -> None:

@@ -3,10 +3,15 @@
 FTS5 scores every row that matches any word of an OR query, so one common word makes a recall over
 a million memories read and score most of them (about a second here). So the rows each query word
 matches are counted first (FTS5 walks a word's list of rows far faster than it scores them, and
-the count stops past the budget), and the most common words are left out while the rows left to
-score exceed the budget (``recall_fts_budget``); the rarest word always stays. The words dropped
-carry the least IDF weight, and below the budget (in practice every database up to tens of
-thousands of memories) the query is exactly :func:`tinycontext.retrieval.fusion.fts_query`'s.
+the count stops past the budget), and the most common words are set aside while the rows left to
+score exceed the budget (``recall_fts_budget``); the rarest word always stays. Only rows holding a
+kept word are scored, but by the whole query: FTS5's bm25 is a sum over the query's phrases, so
+``kept AND (set aside)`` scores the rows holding both kinds of word exactly as the full OR query
+does (each phrase's IDF is over the whole table), and ``kept`` alone scores those holding only kept
+words exactly. The two lists, merged, are the full query's order over the rows holding a kept word
+(:func:`merge`); what is lost are rows holding only common words, the least IDF weight. Below the
+budget (in practice every database up to tens of thousands of memories) the query is exactly
+:func:`tinycontext.retrieval.fusion.fts_query`'s.
 """
 
 from __future__ import annotations
@@ -14,20 +19,32 @@ from __future__ import annotations
 from .fusion import match_expression, query_terms
 
 
-def bounded_match(store, query: str, budget: int, span: tuple[int, int] | None = None) -> str | None:
-    """The FTS5 MATCH expression for ``query``, its commonest words dropped to fit ``budget`` rows
-    (0: no bound). ``span``: the (lowest, highest) memory id the search is limited to."""
+def bounded_match(store, query: str, budget: int, span: tuple[int, int] | None = None) -> tuple[str | None, str | None]:
+    """The FTS5 MATCH expressions for ``query``: the words kept to fit ``budget`` rows (0: no bound),
+    and those set aside (None when none is). ``span``: the (lowest, highest) memory id the search is
+    limited to."""
     terms = query_terms(query)
     if budget <= 0 or len(terms) < 2:
-        return match_expression(terms)
+        return match_expression(terms), None
     count = "SELECT count(*) FROM (SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? AND rowid BETWEEN ? AND ? LIMIT ?)"
     low, high = span or (1, store.read("SELECT max(id) FROM memories")[0][0] or 0)
     if high - low + 1 <= budget:
-        return match_expression(terms)  # fewer rows than the budget in all (ids only grow)
+        return match_expression(terms), None  # fewer rows than the budget in all (ids only grow)
     cost = [store.read(count, (match_expression([t]), low, high, budget + 1))[0][0] for t in terms]
     kept = list(range(len(terms)))
     for i in sorted(kept, key=lambda i: (-cost[i], i)):
         if len(kept) == 1 or sum(cost[j] for j in kept) <= budget:
             break
         kept.remove(i)
-    return match_expression([terms[i] for i in kept])
+    aside = [t for i, t in enumerate(terms) if i not in kept]
+    return match_expression([terms[i] for i in kept]), match_expression(aside)
+
+
+def merge(kept_hits: list[tuple[int, float]], both_hits: list[tuple[int, float]], depth: int) -> list[tuple[int, float]]:
+    """The full query's best ``depth`` among rows holding a kept word, from the best ``depth`` of
+    ``kept`` (exact for rows without a word set aside) and of ``kept AND (set aside)`` (exact for
+    the others). A row of the first list that also holds a set-aside word but missed the second's
+    ``depth`` scores below that list's last, so it cannot displace an exact one."""
+    scores = dict(kept_hits)
+    scores.update(both_hits)
+    return sorted(scores.items(), key=lambda h: (-h[1], h[0]))[:depth]
