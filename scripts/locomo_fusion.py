@@ -42,6 +42,7 @@ def questions(path: str, depth: int, floor: float):
     ids = c["ids"]
     info = {int(i): (int(e), str(s) or None) for i, e, s in zip(ids, c["episode"], c["speaker"])}
     chars = {int(i): len(str(t)) for i, t in zip(ids, c["content"])}
+    vectors = dict(zip(ids.tolist(), c["vectors"]))
     evidence_ids = [set(ids[row].tolist()) for row in c["evid"]]
     out = []
     for j, question in enumerate(c["questions"]):
@@ -50,7 +51,8 @@ def questions(path: str, depth: int, floor: float):
         dense = hits(c["vectors"] @ c["qvec"][j], ids, depth, False)
         episodes = hits(c["ep_bm25"][j], c["ep_ids"], conversation.EPISODE_DEPTH, True)
         ranked, _ = relevance_floor(fuse(bm25, dense, dense_weight=0.5, k=10), floor)
-        pool, rows = conversation.fusion_features(ranked, info, query=question, episode_hits=episodes, dense_hits=dense, expand=True)
+        pool, rows = conversation.fusion_features(ranked, info, query=question, episode_hits=episodes, dense_hits=dense,
+                                                  query_vector=c["qvec"][j], vectors=vectors, expand=True)
         rrf = conversation.rerank(fuse(bm25, dense, dense_weight=0.5, k=10) if floor <= 0 else ranked, info, query=question,
                                   episode_hits=episodes, dense_hits=dense, episode_weight=0.3, neighbour_weight=0.5,
                                   speaker_boost=0.5, expand=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from datetime import date, datetime
 
+import numpy as np
 import pytest
 
 from conftest import HashEmbedder
@@ -207,8 +208,12 @@ def test_fusion_features_read_neighbours_episodes_and_speakers():
     ranked = [Candidate(2, bm25_rank=1, bm25=4.0, dense_rank=2, dense=0.5, rrf=0.09),
               Candidate(4, bm25_rank=2, bm25=2.0, dense_rank=1, dense=0.7, rrf=0.08)]
     dense = [(4, 0.7), (2, 0.5), (9, 0.2)]
+    # Unit vectors: the query is e0; turn 3 (a short answer) is orthogonal to it, turn 2 before it is e0;
+    # turn 5 has no stored vector.
+    e0, e1 = np.eye(2)
+    vectors = {1: e1, 2: e0, 3: e1, 4: (e0 + e1) / np.sqrt(2)}
     pool, rows = fusion_features(ranked, info, query="What did Ana bake?", episode_hits=[(20, 6.0), (10, 3.0)],
-                                 dense_hits=dense, expand=True)
+                                 dense_hits=dense, query_vector=e0, vectors=vectors, expand=True)
     assert [c.id for c in pool] == [2, 4, 1, 3, 5] and all(len(row) == len(FUSION_FEATURES) == len(FUSION_WEIGHTS) for row in rows)
     assert _feature(rows, "bm25_share") == [1.0, 0.5, 0.0, 0.0, 0.0]
     assert _feature(rows, "dense_gap") == pytest.approx([-0.2, 0.0, -0.5, -0.5, -0.5])  # outside the list: the last hit's
@@ -219,8 +224,12 @@ def test_fusion_features_read_neighbours_episodes_and_speakers():
     assert _feature(rows, "next_rrf") == [0.0, 0.0, 0.09, 0.0, 0.0]
     assert _feature(rows, "speaker_named") == [0.0, 1.0, 1.0, 1.0, 0.0]
     assert _feature(rows, "other_speaker") == [1.0, 0.0, 0.0, 0.0, 1.0]
+    # Window: the turn plus the one before it in its episode, renormalised; 1 starts episode 10 and 4
+    # episode 20 (alone); 5 has no vector (the last hit's score); minus the best hit's 0.7.
+    root = np.sqrt(0.5)
+    assert _feature(rows, "window_gap") == pytest.approx([root - 0.7, root - 0.7, -0.7, root - 0.7, 0.2 - 0.7])
     # Without expand only the candidates are scored; their neighbours still inform the features.
-    pool, rows = fusion_features(ranked, info, query="q", episode_hits=[], dense_hits=dense)
+    pool, rows = fusion_features(ranked, info, query="q", episode_hits=[], dense_hits=dense, query_vector=e0, vectors={})
     assert [c.id for c in pool] == [2, 4] and _feature(rows, "speaker_named") == [0.0, 0.0]
 
 
@@ -228,7 +237,7 @@ def test_learned_rerank_orders_by_the_weights_and_composes():
     info = {1: (10, "Ana"), 2: (10, "Ben"), 3: (20, "Ben")}
     ranked = [Candidate(1, bm25_rank=1, bm25=3.0, dense_rank=2, dense=0.4, rrf=0.1),
               Candidate(3, bm25_rank=2, bm25=1.0, dense_rank=1, dense=0.6, rrf=0.09)]
-    args = dict(query="q", episode_hits=[], dense_hits=[(3, 0.6), (1, 0.4)])
+    args = dict(query="q", episode_hits=[], dense_hits=[(3, 0.6), (1, 0.4)], query_vector=np.eye(2)[0], vectors={})
     only_bm25 = [1.0 if name == "bm25_share" else 0.0 for name in FUSION_FEATURES]
     only_dense = [1.0 if name == "dense_gap" else 0.0 for name in FUSION_FEATURES]
     assert [c.id for c in learned_rerank(ranked, info, weights=only_bm25, **args)] == [1, 3]
@@ -236,7 +245,7 @@ def test_learned_rerank_orders_by_the_weights_and_composes():
     assert [c.id for c in out] == [3, 1, 2]  # 2 joins after 1 (its dense gap is the last hit's, tied with 1's)
     assert out[0].rrf == 1.0 and out[0].rrf > out[1].rrf >= out[2].rrf > 0
     # Keyword-only (no dense hits): the features are undefined, the fused order stays.
-    assert learned_rerank(ranked, info, query="q", episode_hits=[], dense_hits=[]) is ranked
+    assert learned_rerank(ranked, info, query="q", episode_hits=[], dense_hits=[], query_vector=np.eye(2)[0], vectors={}) is ranked
 
 
 def test_fusion_setting(hash_engine):

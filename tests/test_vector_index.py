@@ -327,3 +327,26 @@ def test_quantized_session_follows_writes(tmp_path):
         for (mid, score), text in zip(nearest, texts):
             best = _oracle(eng, text, "s", [], 1)[0]
             assert mid == best[0] and abs(score - best[1]) < 0.02
+
+
+@pytest.mark.parametrize("cache_max", [500_000, 100, 0])
+def test_vectors_by_id_are_the_stored_ones(filled, cache_max):
+    """The re-rankers' look-up: the stored unit vectors of the ids asked for, from the float copy, a
+    quantised session (read from sqlite-vec) or no copy at all; unknown ids are absent. After an
+    update the copy gives the new vector."""
+    with MemoryEngine(_config(filled, vector_cache_max=cache_max), embedder=SpreadEmbedder()) as eng:
+        eng.candidate_search.dense("warm", "a", [], 10)  # loads session a (float or quantised)
+        stored = {mid: np.frombuffer(blob, np.float32) for mid, blob in eng.store.read("SELECT memory_id, embedding FROM memory_vectors")}
+        wanted = [min(stored), max(stored), sorted(stored)[200], 10**9]
+        got = eng.candidate_search.vectors(wanted)
+        assert sorted(got) == sorted(wanted[:3])
+        for mid, vector in got.items():
+            assert np.allclose(vector, stored[mid] / np.linalg.norm(stored[mid]), atol=1e-6)
+    if cache_max:
+        return
+    with MemoryEngine(_config(filled.parent / "edit.db"), embedder=SpreadEmbedder()) as eng:
+        ids = eng.save(["first text", "second text"], session_id="a")["ids"]
+        eng.candidate_search.dense("warm", "a", [], 10)
+        eng.update(ids[0], "a different text")
+        vector = SpreadEmbedder().embed_documents(["a different text"])[0]
+        assert np.allclose(eng.candidate_search.vectors([ids[0]])[ids[0]], vector / np.linalg.norm(vector), atol=1e-6)

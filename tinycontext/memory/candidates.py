@@ -167,6 +167,14 @@ class CandidateSearch:
             "SELECT id, episode_id, speaker FROM memories WHERE id IN (SELECT value FROM json_each(?)) "
             "AND (episode_id IS NOT NULL OR speaker IS NOT NULL)", (json.dumps(ids),))}
 
+    def vectors(self, ids: list[int]) -> dict[int, np.ndarray]:
+        """id -> stored unit vector of those memories that have one (VectorIndex.vectors)."""
+        return self.index.vectors(ids)
+
+    def query_vector(self, query: str) -> np.ndarray:
+        """The query's vector: the embedder's cache holds it once the dense search has run."""
+        return self._embedder().embed_query(query)
+
     def episode_hits(self, query: str, session: str | None) -> list:
         """Episodes ranked by BM25 over their whole text (see conversation.episode_bm25)."""
         return conversation.episode_bm25(self.store, query, session, self.config.fts_tokenizer)

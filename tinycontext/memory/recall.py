@@ -34,6 +34,7 @@ from ..retrieval import conversation, time_windows as when
 from ..retrieval.filters import Filters, parse_filters
 from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_floor, score_fusion
 from . import browse
+from .codes import unit
 from .checks import check_int, check_number, check_query, check_session, normalise_tags
 from .store import read_memories
 
@@ -207,7 +208,11 @@ def rerank_conversation(engine, plan: Plan, ranked: list[Candidate], dense_hits:
     wants_episodes = has_episodes and (learned or plan.episode_weight)
     episode_hits = reads.episode_hits(plan.query, plan.session) if wants_episodes else []
     if learned:
-        return conversation.learned_rerank(ranked, info, query=plan.query, episode_hits=episode_hits, dense_hits=dense_hits, expand=expand)
+        # The window feature reads the vectors of the turns scored (a candidate, a joining neighbour) and of the turn before each.
+        wanted = sorted({i + step for i in candidates for step in (-2, -1, 0, 1)}.intersection(info))
+        return conversation.learned_rerank(ranked, info, query=plan.query, episode_hits=episode_hits, dense_hits=dense_hits,
+                                           query_vector=unit(reads.query_vector(plan.query)), vectors=reads.vectors(wanted),
+                                           expand=expand)
     return conversation.rerank(ranked, info, query=plan.query, episode_hits=episode_hits, dense_hits=dense_hits,
                                episode_weight=plan.episode_weight if has_episodes else 0.0,
                                neighbour_weight=plan.neighbour_weight if has_episodes else 0.0, speaker_boost=plan.speaker_boost,

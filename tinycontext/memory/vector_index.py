@@ -456,6 +456,28 @@ class VectorIndex:
         top = top[np.lexsort((ids[top], -scores[top]))]
         return list(zip(ids[top].tolist(), scores[top].astype(np.float64).tolist()))
 
+    def vectors(self, ids: list[int]) -> dict[int, np.ndarray]:
+        """The stored unit vectors of ``ids`` (re-rankers compare candidates' vectors): from the float
+        copy where it holds them (one vectorised look-up per block), the rest by id from vec0 (quantised
+        sessions hold codes only). Memories without a vector are absent."""
+        wanted = np.asarray(ids, np.int64)
+        out: dict[int, np.ndarray] = {}
+        with self.store.lock:
+            if self.max_vectors > 0:
+                self.sync()
+                for block in self._blocks.values():
+                    if isinstance(block, _Block) and block.n and len(out) < len(wanted):
+                        at = np.flatnonzero(np.isin(block.ids, wanted))
+                        out.update(zip(block.ids[at].tolist(), block.rows[at]))
+            rest = [i for i in wanted.tolist() if i not in out]
+            if rest:
+                rows = self.store.conn.execute("SELECT memory_id, embedding FROM memory_vectors WHERE memory_id IN "
+                                               "(SELECT value FROM json_each(?))", (json.dumps(rest),)).fetchall()
+                if rows:
+                    matrix = _unit(np.frombuffer(b"".join(r[1] for r in rows), np.float32).reshape(len(rows), -1))
+                    out.update(zip((r[0] for r in rows), matrix))
+        return out
+
     def prepare(self, session: str) -> None:
         """Load a session before a write transaction, so the database's write lock is not held
         while its vectors are read (~20 us each through vec0)."""

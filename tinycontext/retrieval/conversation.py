@@ -29,7 +29,9 @@ import json
 import math
 import re
 from datetime import date
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from ..errors import InvalidInputError
 from .language import match_query
@@ -62,9 +64,10 @@ FUSION_FEATURES = (
     "prev_dense_gap",     # dense_gap of the turn before it (none: the last hit's gap)
     "speaker_named",      # 1 when the query names exactly one speaker and it said this turn
     "other_speaker",      # 1 when the query names one speaker and another said this turn
+    "window_gap",         # cosine of the query and the turn's vector + the previous turn's (same episode), - the best hit
 )
 # No length feature: it chose longer turns, so more tokens per answer for a small gain (notes/locomo.md).
-FUSION_WEIGHTS = (2.6035, 2.6965, 11.335, 3.697, -5.1632, 5.102, 22.2787, 9.9888, 2.6321, 1.7243, -1.6786)
+FUSION_WEIGHTS = (2.7485, -1.9433, 7.4981, 3.6537, -4.9851, 4.8948, 18.5504, 8.4499, -1.7118, 1.704, -1.6589, 7.3414)
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
            "November", "December")
 
@@ -209,12 +212,29 @@ def rerank(ranked: list[Candidate], info: dict[int, tuple[int | None, str | None
     return sorted(ranked, key=lambda c: (-c.rrf, c.bm25_rank or 10**9, c.dense_rank or 10**9, c.id))
 
 
+def window_similarity(ids: Sequence[int], before: Sequence[int | None], query_vector: np.ndarray,
+                      vectors: Mapping[int, np.ndarray], missing: float) -> np.ndarray:
+    """Cosine of the query and each turn's vector plus the one of the turn ``before`` it (None: the
+    turn alone), renormalised: a short answer ("Yes, twice!") carries its question's words. A turn
+    without a stored vector gets ``missing``."""
+    if not vectors:
+        return np.full(len(ids), missing)
+    zero = np.zeros_like(next(iter(vectors.values())))
+    own = np.stack([vectors.get(i, zero) for i in ids])
+    summed = own + np.stack([vectors.get(b, zero) if b is not None else zero for b in before])
+    norms = np.linalg.norm(summed, axis=1)
+    cosine = summed @ query_vector / np.where(norms > 0, norms, 1.0)
+    return np.where(np.linalg.norm(own, axis=1) > 0, cosine, missing)
+
+
 def fusion_features(ranked: list[Candidate], info: dict[int, tuple], *, query: str, episode_hits: list[tuple[int, float]],
-                    dense_hits: list[tuple[int, float]], expand: bool = False) -> tuple[list[Candidate], list[list[float]]]:
+                    dense_hits: list[tuple[int, float]], query_vector: np.ndarray, vectors: Mapping[int, np.ndarray],
+                    expand: bool = False) -> tuple[list[Candidate], list[list[float]]]:
     """The turns :func:`learned_rerank` scores and their ``FUSION_FEATURES``: the candidates and, with
     ``expand``, the turns right before/after one in the same episode. ``info`` maps id -> (episode,
     speaker) for the candidates, the dense hits and the ids up to two either side of a
-    candidate (those that are turns); ``dense_hits`` must not be empty."""
+    candidate (those that are turns); ``vectors`` the stored unit vectors of those ids (missing
+    ones are allowed), ``query_vector`` the query's unit vector; ``dense_hits`` must not be empty."""
     def episode(i: int):
         return info.get(i, (None,))[0]
 
@@ -239,10 +259,11 @@ def fusion_features(ranked: list[Candidate], info: dict[int, tuple], *, query: s
         if e is not None and similarity > best.get(e, -2.0):
             best[e] = similarity
     speaker = mentioned_speaker(query, {turn[1] for turn in info.values() if turn[1]})
+    previous = [c.id - 1 if episode(c.id) is not None and episode(c.id - 1) == episode(c.id) else None for c in pool]
+    window = window_similarity([c.id for c in pool], previous, query_vector, vectors, d_min) - d_max
     rows = []
-    for c in pool:
+    for c, before, window_gap in zip(pool, previous, window.tolist()):
         e, said = info.get(c.id, (None, None))
-        before = c.id - 1 if e is not None and episode(c.id - 1) == e else None
         after = c.id + 1 if e is not None and episode(c.id + 1) == e else None
         rows.append([
             c.bm25 / bm_max if c.bm25 is not None and bm_max > 0 else 0.0,
@@ -256,20 +277,22 @@ def fusion_features(ranked: list[Candidate], info: dict[int, tuple], *, query: s
             (dense.get(before, d_min) if before is not None else d_min) - d_max,
             float(speaker is not None and said == speaker),
             float(speaker is not None and said is not None and said != speaker),
+            window_gap,
         ])
     return pool, rows
 
 
 def learned_rerank(ranked: list[Candidate], info: dict[int, tuple], *, query: str, episode_hits: list[tuple[int, float]],
-                   dense_hits: list[tuple[int, float]], expand: bool = False,
-                   weights: Sequence[float] = FUSION_WEIGHTS) -> list[Candidate]:
+                   dense_hits: list[tuple[int, float]], query_vector: np.ndarray, vectors: Mapping[int, np.ndarray],
+                   expand: bool = False, weights: Sequence[float] = FUSION_WEIGHTS) -> list[Candidate]:
     """Candidate turns (and, with ``expand``, their neighbours) ranked by ``weights`` . their
     :func:`fusion_features`, best first, ties by id. Each gets ``rrf = exp(score - best score)``
     (in (0, 1], in rank order), so later steps that scale scores (the time boost) still compose.
     Without dense hits (keyword-only) the features are undefined: the list is returned unchanged."""
     if not dense_hits:
         return ranked
-    pool, rows = fusion_features(ranked, info, query=query, episode_hits=episode_hits, dense_hits=dense_hits, expand=expand)
+    pool, rows = fusion_features(ranked, info, query=query, episode_hits=episode_hits, dense_hits=dense_hits,
+                                 query_vector=query_vector, vectors=vectors, expand=expand)
     scores = [sum(w * f for w, f in zip(weights, row)) for row in rows]
     top = max(scores)
     order = sorted(range(len(pool)), key=lambda i: (-scores[i], pool[i].id))
