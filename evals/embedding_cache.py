@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tinycontext.models.embedder import DISABLED_OPTIMIZERS, VECTOR_RECIPE
+from tinycontext import Embedder
 
 from .fingerprint import sha256_files
 
@@ -52,8 +52,8 @@ def model_key(bundle, pooling: str | None) -> str:
         "max_tokens": bundle.max_tokens,
         "normalize": bundle.normalize,
         "dimensions": bundle.dimensions,
-        "vector_recipe": VECTOR_RECIPE,
-        "disabled_optimizers": DISABLED_OPTIMIZERS,
+        "vector_recipe": Embedder.VECTOR_RECIPE,
+        "disabled_optimizers": list(Embedder.DISABLED_OPTIMIZERS),
         "onnxruntime": metadata.version("onnxruntime"),
         "tokenizers": metadata.version("tokenizers"),
     }

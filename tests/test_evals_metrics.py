@@ -91,7 +91,7 @@ def test_cache_key_tracks_what_shapes_vectors(real_embedder, tmp_path, monkeypat
         assert model_key(bundle, None) != plain
         monkeypatch.undo()
     # A change to how the engine computes vectors is declared by bumping VECTOR_RECIPE: the cache misses.
-    monkeypatch.setattr(cache_module, "VECTOR_RECIPE", VECTOR_RECIPE + 1)
+    monkeypatch.setattr(Embedder, "VECTOR_RECIPE", VECTOR_RECIPE + 1)
     assert model_key(bundle, None) != plain
     monkeypatch.undo()
     assert model_key(bundle, None) == plain  # nothing else (the embedder module's other code) is in it

@@ -97,7 +97,7 @@ def test_tools_over_stdio(tmp_path):
         assert paged.structuredContent["next_offset"] == 1 and text(paged).endswith("call again with offset=1.)")
         page2 = await session.call_tool("recall_memories", {"query": every, "top_k": 1, "offset": 1})
         assert page2.structuredContent["memories"][0]["id"] != paged.structuredContent["memories"][0]["id"]
-        tight = await session.call_tool("recall_memories", {"query": "PostgreSQL billing pnpm deploys", "max_tokens": 64})
+        tight = await session.call_tool("recall_memories", {"query": "PostgreSQL billing pnpm deploys", "max_tokens": 70})
         assert tight.structuredContent["truncated"] and len(tight.structuredContent["memories"]) == 1 and "offset=1" in text(tight)
 
         # -- update keeps history; get shows it

@@ -124,6 +124,10 @@ def _load_tokenizer(bundle: ModelBundle):
 class Embedder:
     """Embeds queries and documents; caches identical texts (LRU). Thread-safe."""
 
+    # How this class computes vectors beyond the model files, public for caches of vectors to key on.
+    VECTOR_RECIPE = VECTOR_RECIPE
+    DISABLED_OPTIMIZERS = tuple(DISABLED_OPTIMIZERS)
+
     def __init__(self, bundle: ModelBundle, *, batch_size: int = 32, cache_size: int = 4096,
                  query_prefix: str = "", document_prefix: str = "", pooling: str | None = None, threads: int = 0):
         self.bundle = bundle
