@@ -20,7 +20,6 @@ settings and embedder; none writes.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,7 +35,7 @@ from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_fl
 from . import browse
 from .codes import unit
 from .checks import check_int, check_number, check_query, check_session, normalise_tags
-from .store import read_memories
+from .store import read_costs, read_memories
 
 MAX_OFFSET = 1_000_000
 
@@ -279,12 +278,10 @@ class Window(Sequence):
 
     def __init__(self, store, page: list[Candidate], offset: int):
         self._store, self._offset = store, offset
-        light = [] if not page else store.read("SELECT id, tokens, session_id FROM memories WHERE id IN (SELECT value FROM json_each(?))",
-                           (json.dumps([c.id for c in page]),))
-        found = {r[0]: r for r in light}
+        found = read_costs(store, [c.id for c in page])
         self._page = [c for c in page if c.id in found]
-        self.tokens = [found[c.id][1] for c in self._page]
-        self.sessions = {found[c.id][2] for c in self._page}
+        self.tokens = [found[c.id][0] for c in self._page]
+        self.sessions = {found[c.id][1] for c in self._page}
         self._rows: list[dict] = []
 
     def __len__(self) -> int:

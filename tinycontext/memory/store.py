@@ -68,6 +68,15 @@ def read_memories(store: "Store", ids: list[int]) -> dict[int, dict]:
     return {r[0]: row_to_memory(r) for r in rows}
 
 
+def read_costs(store: "Store", ids: list[int]) -> dict[int, tuple[int, str]]:
+    """(tokens, session id) of the memories with these ids (those that exist), by id: what a page's
+    budget needs without reading the rows."""
+    if not ids:
+        return {}
+    rows = store.read("SELECT id, tokens, session_id FROM memories WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),))
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
 class Store:
     """One SQLite file. Writes go through one connection guarded by a lock, shared by the process's
     threads; reads (:meth:`read`) use a pool of up to ``readers`` read-only connections, which under
@@ -366,8 +375,7 @@ class Store:
                                "WHERE memory_id IN (SELECT value FROM json_each(?)) ORDER BY memory_id, version", (ids,)):
                 history.setdefault(r[0], []).append({"version": r[1], "content": r[2], "tags": json.loads(r[3]),
                                                      "metadata": json.loads(r[4]), "created_at": r[5], "superseded_at": r[6]})
-            blobs = dict(self.read("SELECT memory_id, embedding FROM memory_vectors WHERE memory_id IN (SELECT value FROM json_each(?))",
-                                   (ids,))) if vectors else {}
+            blobs = self.vector_blobs([r[0] for r in rows]) if vectors else {}
             for r in rows:
                 memory = row_to_memory(r)
                 memory.update(uid=r[-2], expires_at=r[-1], history=history.get(r[0], []))
@@ -375,6 +383,13 @@ class Store:
                     memory["vector"] = blobs[r[0]]
                 yield memory
             last = rows[-1][0]
+
+    def vector_blobs(self, ids: list[int]) -> dict[int, bytes]:
+        """The stored float32 vectors (vec0 blobs) of ``ids`` that have one, by id."""
+        if not ids:
+            return {}
+        return dict(self.read("SELECT memory_id, embedding FROM memory_vectors WHERE memory_id IN (SELECT value FROM json_each(?))",
+                              (json.dumps(ids),)))
 
     def superseded_among(self, ids: Iterable[int]) -> set[int]:
         """Which of ``ids`` are facts a newer memory superseded (schema v8; a partial index makes it cheap)."""

@@ -470,12 +470,10 @@ class VectorIndex:
                         at = np.flatnonzero(np.isin(block.ids, wanted))
                         out.update(zip(block.ids[at].tolist(), block.rows[at]))
             rest = [i for i in wanted.tolist() if i not in out]
-            if rest:
-                rows = self.store.conn.execute("SELECT memory_id, embedding FROM memory_vectors WHERE memory_id IN "
-                                               "(SELECT value FROM json_each(?))", (json.dumps(rest),)).fetchall()
-                if rows:
-                    matrix = _unit(np.frombuffer(b"".join(r[1] for r in rows), np.float32).reshape(len(rows), -1))
-                    out.update(zip((r[0] for r in rows), matrix))
+            blobs = self.store.vector_blobs(rest) if rest else {}
+            if blobs:
+                matrix = _unit(np.frombuffer(b"".join(blobs.values()), np.float32).reshape(len(blobs), -1))
+                out.update(zip(blobs, matrix))
         return out
 
     def prepare(self, session: str) -> None:
