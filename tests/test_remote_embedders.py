@@ -61,8 +61,8 @@ def test_batches_concurrency_and_retries(server):
     assert vectors.shape == (20, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert len(server.requests) == 5 and all(len(r["input"]) <= 4 for r in server.requests)
     assert server.max_in_flight <= 2
-    # Order is kept across batches.
-    assert float(vectors[7] @ embedder.embed_query("text number 7")) > 0.9999
+    # Order is kept across batches (checked against the model itself: the embedder's cache would answer its own).
+    assert float(vectors[7] @ server.embedder.embed_query("text number 7")) > 0.9999
     server.fail_first = 2  # two 500s, then success: retried with backoff
     assert embedder.embed_query("retry me").shape == (384,)
     embedder.close()
@@ -153,3 +153,26 @@ def test_per_role_request_fields(tmp_path, server):
     assert "query_params" not in plain.identity and "document_params" not in plain.identity  # older databases match
     with pytest.raises(ConfigError, match="may not set model"):
         RemoteEmbedder(server.url, "minilm-test", query_params={"model": "other"})
+
+
+def test_vectors_are_cached_by_text_model_and_role(server):
+    """A text sent once is not sent again for the same role; a role whose request fields differ (e5's
+    input_type) gets its own vector, and embedding_cache_size=0 sends every time."""
+    embedder = RemoteEmbedder(server.url, "minilm-test", query_params={"input_type": "query"},
+                              document_params={"input_type": "passage"}, cache_size=16)
+    server.requests.clear()
+    first = embedder.embed_documents(["green tea", "black coffee", "green tea"])
+    assert [r["input"] for r in server.requests] == [["green tea", "black coffee"]]  # duplicates sent once
+    again = embedder.embed_documents(["black coffee", "oolong", "green tea"])
+    assert [r["input"] for r in server.requests][1:] == [["oolong"]]
+    assert np.array_equal(again[0], first[1]) and np.array_equal(again[2], first[0])
+    embedder.embed_query("green tea")  # same text, other role and fields: sent
+    assert (server.requests[-1]["input"], server.requests[-1]["input_type"]) == (["green tea"], "query")
+    assert len(server.requests) == 3
+    embedder.close()
+    uncached = RemoteEmbedder(server.url, "minilm-test", cache_size=0)
+    server.requests.clear()
+    uncached.embed_documents(["green tea"])
+    uncached.embed_documents(["green tea"])
+    assert len(server.requests) == 2
+    uncached.close()

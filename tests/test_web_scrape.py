@@ -303,6 +303,31 @@ def test_an_unchanged_page_is_not_read_again(web_config, monkeypatch):
     assert answers[0]["results"][0]["title"].startswith("Rivers of Europe | ")
 
 
+def test_a_page_asked_again_sends_nothing_to_an_embedding_server(loopback_only, web_config, real_embedder):
+    """With an OpenAI-compatible embedder the page's units are embedded once: the same page at another
+    budget sends nothing, and a new question sends only itself."""
+    from fake_embed_server import embed_server
+    from tinycontext.models.remote import RemoteEmbedder
+    from tinycontext.web import scrape as scrape_mod
+
+    scrape_mod.clear_page_cache()
+    with embed_server(real_embedder) as vectors, LocalServer({"/rivers": html(ARTICLE)}) as pages:
+        embedder = RemoteEmbedder(vectors.url, "minilm-test", query_params={"input_type": "query"},
+                                  document_params={"input_type": "passage"})
+        ask = [{"url": pages.url("/rivers"), "query": "How long is the Volga?"}]
+        vectors.requests.clear()
+        cold = scrape_urls(ask, 300, config=web_config, embedder=embedder)
+        assert {r["input_type"] for r in vectors.requests} == {"query", "passage"}
+        vectors.requests.clear()
+        warm = scrape_urls(ask, 500, config=web_config, embedder=embedder)
+        assert vectors.requests == []
+        scrape_urls([{**ask[0], "query": "Where does the Rhine rise?"}], 300, config=web_config, embedder=embedder)
+        assert [(r["input"], r["input_type"]) for r in vectors.requests] == [(["Where does the Rhine rise?"], "query")]
+        embedder.close()
+    assert cold["results"][0]["outcome"] == warm["results"][0]["outcome"] == "ok"
+    assert any("3,530 kilometres" in p["text"] for p in warm["results"][0]["passages"])
+
+
 TOWNS = ["Ulm", "Ingolstadt", "Regensburg", "Passau", "Linz", "Krems", "Vienna", "Bratislava", "Komarno", "Esztergom",
          "Vukovar", "Novi Sad"]
 

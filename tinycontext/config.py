@@ -95,6 +95,8 @@ class TinyContextConfig(BaseModel):
     # The relevance floor the server's model calls for (used when recall_min_dense is not set); a bundle
     # states its own in model_config.json ("min_dense"). tinycontext-eval calibrate-floor measures one.
     embedding_min_dense: float | None = Field(None, ge=0.0, le=1.0)
+    # Vectors kept in RAM per embedder, by the text sent (and a server's model and role fields), so a text
+    # embedded before (a page's units at another budget) is not embedded again, whatever the backend. 0: none.
     embedding_cache_size: int = Field(4096, ge=0)
     # Threads embedding batches in parallel, one ONNX thread each (0: one per CPU).
     embedding_threads: int = Field(0, ge=0, le=256)

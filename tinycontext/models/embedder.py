@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from tqdm.auto import tqdm
 from .. import telemetry
 from ..errors import ModelUnavailableError
 from .checksum import file_sha256
+from .vector_cache import VectorCache
 
 Kind = Literal["query", "document"]
 POOLINGS = ("mean", "cls", "graph", "static")
@@ -148,8 +148,7 @@ class Embedder:
         # A bundle known only by its folder's name (a local path) is exported as "custom"; a pinned one by its name.
         self._label = telemetry.model_label(bundle.name, None if bundle.sha256 else bundle.path.name)
         self._tokenizer, self._pad_id = _load_tokenizer(bundle)
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache = VectorCache(cache_size)
         self._lock = threading.Lock()
         if self.pooling == "static":
             self._table = self._load_static_table()
@@ -220,28 +219,10 @@ class Embedder:
 
     def _embed(self, texts: Sequence[str], kind: Kind, progress: bool, op: telemetry.Operation) -> np.ndarray:
         prefix = self.query_prefix if kind == "query" else self.document_prefix
-        keyed = [prefix + t for t in texts]
-        out = np.empty((len(keyed), self.dimensions), dtype=np.float32)
-        missing: dict[str, list[int]] = {}
-        with self._lock:
-            for i, text in enumerate(keyed):
-                hit = self._cache.get(text)
-                if hit is not None:
-                    self._cache.move_to_end(text)
-                    out[i] = hit
-                else:
-                    missing.setdefault(text, []).append(i)
-        op.set(cached=len(keyed) - sum(map(len, missing.values())))
-        if missing:
-            unique = list(missing)
-            vectors = self._compute(unique, progress=progress)
-            with self._lock:
-                for text, vector in zip(unique, vectors):
-                    out[missing[text]] = vector
-                    if self._cache_size:
-                        self._cache[text] = vector
-                        if len(self._cache) > self._cache_size:
-                            self._cache.popitem(last=False)
+        # The prefix is the only thing besides the text that changes a vector of this model.
+        out, cached = self._cache.embed([prefix + t for t in texts], self.dimensions,
+                                        lambda missing: self._compute(missing, progress=progress))
+        op.set(cached=cached)
         return out
 
     def _compute(self, texts: list[str], *, progress: bool) -> np.ndarray:

@@ -7,6 +7,8 @@ Texts go in batches of ``embedding_batch_size``, at most ``embedding_concurrency
 time. Connection errors, timeouts, 429 and 5xx answers are retried with exponential backoff, all
 within ``embedding_timeout_s`` per call: a hung or failing server ends in ``model_unavailable``
 before that deadline, and since the engine embeds before it writes, nothing is saved half-way.
+Vectors are kept by text (``embedding_cache_size``, as the built-in embedder does), so a text already
+embedded with the same model and role is not sent again.
 
 The identity recorded in the database is ``<wire>:<model the server reports>`` with the dimensions
 found by a probe at start-up, so pointing a database at another model is a ``model_mismatch``.
@@ -14,6 +16,7 @@ found by a probe at start-up, so pointing a database at another model is a ``mod
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -24,6 +27,7 @@ import numpy as np
 
 from .. import telemetry
 from ..errors import ConfigError, MissingExtraError, ModelMismatchError, ModelUnavailableError
+from .vector_cache import VectorCache
 
 if TYPE_CHECKING:
     from ..config import TinyContextConfig
@@ -61,7 +65,8 @@ class RemoteEmbedder:
     def __init__(self, url: str, model: str, *, wire: Wire = "openai", api_key: str | None = None, timeout: float = 30.0,
                  concurrency: int = 4, batch_size: int = 32, retries: int = 3, backoff: float = 0.25,
                  query_prefix: str = "", document_prefix: str = "", dimensions: int | None = None,
-                 query_params: dict | None = None, document_params: dict | None = None, min_dense: float | None = None):
+                 query_params: dict | None = None, document_params: dict | None = None, min_dense: float | None = None,
+                 cache_size: int = 4096):
         try:
             import httpx
         except ImportError as exc:
@@ -78,6 +83,7 @@ class RemoteEmbedder:
         self._client = httpx.Client(timeout=httpx.Timeout(self.timeout), headers=headers, follow_redirects=False)
         self._pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)), thread_name_prefix="tinycontext-embed")
         self._lock = threading.Lock()
+        self._cache = VectorCache(cache_size)
         self.dimensions = dimensions or 0
         self.model: str | None = None
         # One short request learns the dimensions and the model the server really serves.
@@ -94,7 +100,7 @@ class RemoteEmbedder:
                    retries=config.embedding_retries, query_prefix=config.dense_query_prefix,
                    document_prefix=config.dense_document_prefix, dimensions=config.embedding_dimensions,
                    query_params=config.embedding_query_params, document_params=config.embedding_document_params,
-                   min_dense=config.embedding_min_dense)
+                   min_dense=config.embedding_min_dense, cache_size=config.embedding_cache_size)
 
     @property
     def identity(self) -> dict:
@@ -122,16 +128,21 @@ class RemoteEmbedder:
     def embed(self, texts: Sequence[str], kind: str = "document", *, progress: bool = False) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimensions), np.float32)
-        with telemetry.operation("embed", backend=self.wire, role=kind, model=telemetry.model_label(self.model), texts=len(texts),
-                                 batches=-(-len(texts) // self.batch_size)):
-            return self._embed(texts, kind, progress)
+        with telemetry.operation("embed", backend=self.wire, role=kind, model=telemetry.model_label(self.model),
+                                 texts=len(texts)) as op:
+            prefix = self.query_prefix if kind == "query" else self.document_prefix
+            params = self.query_params if kind == "query" else self.document_params
+            # A role's request fields change its vectors (e5's input_type), so they scope the cache with the model.
+            scope = (self.requested_model, json.dumps(params, sort_keys=True, default=str))
+            out, cached = self._cache.embed([prefix + t for t in texts], self.dimensions,
+                                            lambda missing: self._send(missing, params, progress, op), scope)
+            op.set(cached=cached)
+            return out
 
-    def _embed(self, texts: Sequence[str], kind: str, progress: bool) -> np.ndarray:
-        prefix = self.query_prefix if kind == "query" else self.document_prefix
-        params = self.query_params if kind == "query" else self.document_params
-        sent = [prefix + t for t in texts]
+    def _send(self, sent: list[str], params: dict, progress: bool, op: telemetry.Operation) -> np.ndarray:
         deadline = time.monotonic() + self.timeout
         batches = [sent[i:i + self.batch_size] for i in range(0, len(sent), self.batch_size)]
+        op.set(batches=len(batches))
         if len(batches) == 1:
             return self._batch(batches[0], deadline, params)
         from tqdm.auto import tqdm
