@@ -296,7 +296,7 @@ def _probe(cfg: DictConfig, dataset: EvalDataset, model: EvalModel, models_dir: 
     """Indexing throughput and peak RSS: the median of ``latency.probe_runs`` fresh processes, once per
     model and engine settings in this process, and once per sweep when ``shared_dir`` (the sweep
     directory) is given: the workers of a sweep share the figures instead of each probing again.
-    Keyed by the host, package versions and engine code too, and by ``fresh`` (``force=true``)."""
+    Keyed by the host, package versions, engine code and number of runs too, and by ``fresh`` (``force=true``)."""
     n = int(cfg.latency.index_sample)
     request = {"models_dir": str(models_dir), "fields": model.engine_fields(), "pooling": cfg.embedder.get("pooling") or None,
                "engine": index_overrides,
@@ -304,7 +304,9 @@ def _probe(cfg: DictConfig, dataset: EvalDataset, model: EvalModel, models_dir: 
                "queries": [{"text": dataset.queries[q], "session": dataset.query_sessions[q] if dataset.query_sessions else None}
                            for q in dataset.judged[:5] if not dataset.query_sessions
                            or dataset.query_sessions[q] in {d.session for d in dataset.docs[: n + 8]}]}
-    where = {"host": socket.gethostname(), "packages": environment()["packages"], "engine": engine_source(), "fresh": fresh}
+    runs = max(1, int(cfg.latency.probe_runs))
+    where = {"host": socket.gethostname(), "packages": environment()["packages"], "engine": engine_source(), "fresh": fresh,
+             "probe_runs": runs}
     key = hashlib.sha256(json.dumps([request, where], sort_keys=True).encode()).hexdigest()
     if key in _probes:
         return _probes[key]
@@ -312,7 +314,7 @@ def _probe(cfg: DictConfig, dataset: EvalDataset, model: EvalModel, models_dir: 
     if file is not None and file.is_file():  # written by another worker of this sweep (under the timing lock)
         _probes[key] = json.loads(file.read_text(encoding="utf-8"))
         return _probes[key]
-    runs = [probe(request) for _ in range(max(1, int(cfg.latency.probe_runs)))]
+    runs = [probe(request) for _ in range(runs)]
     rss = [r["peak_rss_mb"] for r in runs]
     result = {"index_docs_per_s": float(np.median([r["index_docs_per_s"] for r in runs])),
               "index_sample_docs": runs[0]["index_sample_docs"], "peak_rss_mb": float(np.median(rss)),

@@ -350,3 +350,59 @@ def test_a_relevance_floor_per_model(job, tmp_path, real_embedder):
             assert engine.default_min_dense() == 0.7
     finally:
         real_embedder.min_dense = None
+
+
+def test_a_probe_is_reused_only_where_it_was_measured_the_same_way(tmp_path, monkeypatch):
+    """Indexing rate and peak RSS are shared by a sweep's workers through a file, keyed like a job's cost
+    figures: another host, package version, engine code, sample size, index setting or ``force`` probes
+    again; the same request reads the figures a worker of the sweep wrote. (``probe`` itself is a stand-in
+    here: a counter, since what it measures is tested above.)"""
+    cfg = compose_run(tmp_path)
+    base = REPO
+    dataset = runner.get_dataset(cfg.dataset, base)
+    models_dir = (base / Path(cfg.models_dir).expanduser()).resolve()
+    model = runner.describe(cfg.embedder, models_dir, base)
+    calls = []
+
+    def counting_probe(request):
+        calls.append(request)
+        return {"index_docs_per_s": 100.0 + len(calls), "index_sample_docs": len(request["docs"]), "peak_rss_mb": 50.0 + len(calls)}
+
+    monkeypatch.setattr(runner, "probe", counting_probe)
+    monkeypatch.setattr(runner, "_probes", {})
+
+    def measure(config=cfg, overrides=None, fresh=None):
+        return runner._probe(config, dataset, model, models_dir, overrides or {}, tmp_path, fresh)
+
+    first = measure()
+    assert len(calls) == 1 and first["index_docs_per_s"] == 101.0
+    assert measure() == first and len(calls) == 1  # the same process: from memory
+    monkeypatch.setattr(runner, "_probes", {})
+    assert measure() == first and len(calls) == 1  # another worker of the sweep: from the sweep's file
+    assert len(list(tmp_path.glob(".probe-*.json"))) == 1
+    real = runner.environment()
+    changes = [
+        ("host", lambda: monkeypatch.setattr(runner.socket, "gethostname", lambda: "another-host")),
+        ("package", lambda: monkeypatch.setattr(
+            runner, "environment", lambda: {**real, "packages": {**real["packages"], "onnxruntime": "0.0.0"}})),
+        ("engine code", lambda: monkeypatch.setattr(runner, "engine_source", lambda: "edited")),
+    ]
+    for what, change in changes:
+        before = len(calls)
+        change()
+        assert measure()["index_docs_per_s"] == 100.0 + before + 1, what
+        monkeypatch.undo()
+        monkeypatch.setattr(runner, "probe", counting_probe)
+    for what, kwargs in (("index sample", {"config": compose_run(tmp_path, "latency.index_sample=9")}),
+                         ("index setting", {"overrides": {"fts_tokenizer": "trigram"}}),
+                         ("force", {"fresh": "launch-1"})):
+        before = len(calls)
+        assert measure(**kwargs)["index_docs_per_s"] == 100.0 + before + 1, what
+    before = len(calls)
+    assert measure(fresh="launch-1")["index_docs_per_s"] == 100.0 + before  # force probes once per launch, not per job
+    runs = compose_run(tmp_path, "latency.probe_runs=3")
+    before = len(calls)
+    three = measure(config=runs)
+    assert len(calls) == before + 3 and three["probe_runs"] == 3
+    assert three["peak_rss_mb"] == float(np.median([50.0 + before + i for i in (1, 2, 3)]))
+    assert (three["peak_rss_mb_min"], three["peak_rss_mb_max"]) == (50.0 + before + 1, 50.0 + before + 3)
