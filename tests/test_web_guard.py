@@ -204,6 +204,35 @@ def test_transport_pins_the_checked_address_and_keeps_the_host_header(loopback_o
     assert lookups == ["site.test"]
 
 
+def test_the_fetcher_decides_each_hop_once(loopback_only):
+    """HttpFetcher decides the first hop before sending (a refusal needs no connection) and hands that
+    decision to the transport with the request: one lookup per hop, redirects still decided afresh."""
+    from tinycontext import TinyContextConfig
+    from tinycontext.web.fetch import HttpFetcher
+
+    lookups = []
+
+    def resolver(host, port):
+        lookups.append(host)
+        return ["127.0.0.1"]
+
+    with LocalServer({"/": page}) as server:
+        server.routes["/away"] = redirect(server.url("/", "other.test"))
+        fetcher = HttpFetcher(TinyContextConfig(allow_private_hosts=True),
+                              guard=Guard(allow_private_hosts=True, resolver=resolver))
+
+        async def run():
+            try:
+                return await fetcher.fetch(server.url("/", "site.test")), await fetcher.fetch(server.url("/away", "site.test"))
+            finally:
+                await fetcher.aclose()
+
+        direct, redirected = asyncio.run(run())
+    assert direct.body == f"host=site.test:{server.port}".encode()
+    assert redirected.body == f"host=other.test:{server.port}".encode()
+    assert lookups == ["site.test", "site.test", "other.test"]
+
+
 def test_every_redirect_hop_is_rechecked(loopback_only, monkeypatch):
     # Pretend 127.0.0.1 is public so a redirect to another notation of a non-public address is the only refusal.
     monkeypatch.setattr(guard_mod, "classify", lambda a: "public" if str(a) == "127.0.0.1" else classify(a))

@@ -17,7 +17,7 @@ from typing import Protocol
 import httpx
 
 from ..config import TinyContextConfig
-from .guard import BlockedURLError, Guard, GuardedTransport
+from .guard import DECIDED, BlockedURLError, Decision, Guard, GuardedTransport
 from .proxies import proxies_for
 
 # Types we can turn into text; everything else is ``unsupported_type`` before its body is read.
@@ -135,7 +135,7 @@ class HttpFetcher:
         else:
             try:
                 async with asyncio.timeout(self.config.web_fetch_timeout):
-                    await self._get(url, result)
+                    await self._get(url, decision, result)
             except BlockedURLError as exc:
                 result.outcome, result.detail = "blocked", exc.message
             except (TimeoutError, httpx.TimeoutException):
@@ -150,9 +150,10 @@ class HttpFetcher:
         result.elapsed_ms = (time.perf_counter() - started) * 1000
         return result
 
-    async def _get(self, url: str, result: FetchResult) -> None:
+    async def _get(self, url: str, decision: Decision, result: FetchResult) -> None:
         limit = self.config.web_max_bytes
-        async with self.client.stream("GET", url) as response:
+        # The first hop's decision goes with the request: the transport decides only the redirect hops.
+        async with self.client.stream("GET", url, extensions={DECIDED: decision}) as response:
             result.final_url = str(response.url)
             result.status = response.status_code
             if response.status_code >= 400:

@@ -180,6 +180,11 @@ def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(info[4][0] for info in infos))
 
 
+# A request extension: the Decision its sender already made for the request's target, so the
+# transport uses it for that hop instead of deciding (and resolving) a second time.
+DECIDED = "tinycontext.decision"
+
+
 class Guard:
     """The SSRF policy: ``allow_private_hosts`` and the resolver to use (tests inject one)."""
 
@@ -261,6 +266,15 @@ class Guard:
             found = exc
         return self._resolved(url, host, port, found)
 
+    async def adecide_hop(self, request: httpx.Request) -> Decision:
+        """The decision for one request (each redirect hop is one): the :data:`DECIDED` one its sender made,
+        taken once and only for the same target, else a new one."""
+        url = str(request.url)
+        made = request.extensions.pop(DECIDED, None)
+        if made is not None and (made.host, made.port) == self.target(url):
+            return made
+        return await self.adecide(url)
+
     async def adecide(self, url: str) -> Decision:
         """:meth:`decide` with the DNS lookup in a worker thread."""
         early = self.check(url)
@@ -298,7 +312,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         self.inner = inner or httpx.AsyncHTTPTransport(verify=tls_context())
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        decision = await self.guard.adecide(str(request.url))
+        decision = await self.guard.adecide_hop(request)
         if not decision.allowed:
             raise decision.error()
         address = decision.addresses[0]

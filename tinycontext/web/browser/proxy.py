@@ -243,7 +243,7 @@ class ProxiedTransport(httpx.AsyncBaseTransport):
         return self._inner
 
     async def handle_async_request(self, request):
-        decision = await self.guard.adecide(str(request.url))
+        decision = await self.guard.adecide_hop(request)
         if not decision.allowed:
             raise decision.error()
         inner = await self._ready()
