@@ -258,29 +258,6 @@ def test_the_cache_keeps_a_query_apart_from_a_document_of_the_same_text(fast):
     assert np.array_equal(embedder.embed_query("red fruit"), query)
 
 
-def test_units_ranked_once_run_on_the_int8_graph_and_are_cached_apart(fast, shared_dir):
-    """embed_for_ranking (a web page's units, never stored): the int8 graph with the document prefix, close to
-    the float32 document vectors; the float32 documents' cache is not touched; without the int8 graph it is
-    embed_documents. ranking_vectors falls back to embed_documents for an embedder without it."""
-    from tinycontext.models.backends import ranking_vectors
-
-    texts = questions(shared_dir, 20)
-    embedder, exact = Embedder(fast), Embedder(fast, cache_size=0, int8_queries=False)
-    ranked = embedder.embed_for_ranking(texts)
-    assert np.array_equal(ranked, embedder.embed(texts, "query"))  # the built-in model has no prefixes
-    assert cosine(ranked, exact.embed_documents(texts)).min() >= 0.99
-    assert not np.array_equal(ranked, embedder.embed_documents(texts))
-    assert np.array_equal(embedder.embed_documents(texts), exact.embed_documents(texts))
-    assert np.array_equal(exact.embed_for_ranking(texts), exact.embed_documents(texts))
-
-    class DocumentsOnly:
-        def embed_documents(self, texts, progress=False):
-            return exact.embed_documents(texts)
-
-    assert np.array_equal(ranking_vectors(DocumentsOnly(), texts[:3]), exact.embed_documents(texts[:3]))
-    assert np.array_equal(ranking_vectors(embedder, texts[:3]), ranked[:3])
-
-
 def test_a_float32_model_has_no_int8_query_graph(shared_dir, tmp_path):
     fp32 = Embedder(resolve_model(str(shared_dir / "models" / "minilm-l6-fp32"), tmp_path), cache_size=0)
     assert fp32.query_recipe == ""

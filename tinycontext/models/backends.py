@@ -1,9 +1,7 @@
 """Embedder backends: the protocol the engine relies on, and a registry of named backends.
 
 The engine only needs ``identity`` (what the database records about the vectors), ``dimensions``,
-``embed_query(text)`` and ``embed_documents(texts, progress=)``; an embedder may also offer
-``embed_for_ranking(texts)``, a faster way to embed texts that are ranked once and never stored (web
-page units, :func:`ranking_vectors`). ``embedding_backend`` in the config
+``embed_query(text)`` and ``embed_documents(texts, progress=)``. ``embedding_backend`` in the config
 names the backend: ``onnx`` (the bundled/downloaded ONNX models, :mod:`tinycontext.models.embedder`),
 ``openai`` (any ``/v1/embeddings`` server: llama.cpp, vLLM, LM Studio, Ollama's v1) and ``ollama``
 (Ollama's ``/api/embed``), plus any backend registered with :func:`register_backend` or published by
@@ -42,13 +40,6 @@ class EmbedderProtocol(Protocol):
     def embed_query(self, text: str) -> np.ndarray: ...
 
     def embed_documents(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray: ...
-
-
-def ranking_vectors(embedder: EmbedderProtocol, texts: Sequence[str]) -> np.ndarray:
-    """Vectors of documents ranked once and never stored (a web page's units): the embedder's
-    ``embed_for_ranking`` where it has one (an optional, faster method), else its documents' vectors."""
-    fast = getattr(embedder, "embed_for_ranking", None)
-    return fast(texts) if fast is not None else embedder.embed_documents(texts)
 
 
 Factory = Callable[["TinyContextConfig"], EmbedderProtocol]

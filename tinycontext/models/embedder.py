@@ -244,24 +244,17 @@ class Embedder:
     def embed_documents(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
         return self.embed(texts, "document", progress=progress)
 
-    def embed_for_ranking(self, texts: Sequence[str]) -> np.ndarray:
-        """Documents ranked once against a query and never stored (a web page's units): on the int8 graph
-        where there is one, as queries are (0.62x the CPU time on a real page's units, cosine >= 0.99 to
-        the float32 vectors, dev recall unchanged: notes/web_evidence.md); else as :meth:`embed_documents`."""
-        return self.embed(texts, "document", transient=True)
-
-    def embed(self, texts: Sequence[str], kind: Kind, *, progress: bool = False, transient: bool = False) -> np.ndarray:
+    def embed(self, texts: Sequence[str], kind: Kind, *, progress: bool = False) -> np.ndarray:
         with telemetry.operation("embed", backend="onnx", role=kind, model=self._label,
                                  dimensions=self.dimensions, texts=len(texts)) as op:
-            return self._embed(texts, kind, progress, op, transient)
+            return self._embed(texts, kind, progress, op)
 
-    def _embed(self, texts: Sequence[str], kind: Kind, progress: bool, op: telemetry.Operation,
-               transient: bool = False) -> np.ndarray:
+    def _embed(self, texts: Sequence[str], kind: Kind, progress: bool, op: telemetry.Operation) -> np.ndarray:
         prefix = self.query_prefix if kind == "query" else self.document_prefix
-        int8 = (kind == "query" or transient) and self._query_session is not None
+        int8 = kind == "query" and self._query_session is not None
         session = None if self.pooling == "static" else self._query_session if int8 else self._float_session()
-        # Besides the text, the prefix and (on the int8 graph) the graph change a vector.
-        scope = f"int8-{kind}" if int8 else None
+        # Besides the text, the prefix and (for a query on the int8 graph) the graph change a vector.
+        scope = "int8-query" if int8 else None
         out, cached = self._cache.embed([prefix + t for t in texts], self.dimensions,
                                         lambda missing: self._compute(missing, session, progress=progress), scope)
         op.set(cached=cached)

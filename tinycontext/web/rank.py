@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..config import TinyContextConfig
-from ..models.backends import ranking_vectors
 from ..retrieval.fusion import fts_query, fuse
 from ..sqlite import sqlite_driver
 from .deadline import Deadline
@@ -85,7 +84,7 @@ def embed_until(embedder, texts: Sequence[str], deadline: Deadline | None) -> np
         if deadline is not None and deadline.soft_passed(after=last):
             deadline.cut = True
             break
-        done.append(np.asarray(ranking_vectors(embedder, list(texts[begin:begin + EMBED_SLICE])), dtype=np.float32))
+        done.append(np.asarray(embedder.embed_documents(list(texts[begin:begin + EMBED_SLICE])), dtype=np.float32))
         last = time.monotonic() - started
     return np.concatenate(done) if done else np.zeros((0, 1), dtype=np.float32)
 
