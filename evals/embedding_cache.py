@@ -96,7 +96,10 @@ class CachedEmbedder:
 
     def embed(self, texts: Sequence[str], kind: str, *, progress: bool = False) -> np.ndarray:
         prefix = self.inner.query_prefix if kind == "query" else self.inner.document_prefix
-        keys = [hashlib.sha256((prefix + t).encode("utf-8")).hexdigest() for t in texts]
+        # A query computed otherwise than a document (Embedder.query_recipe: the int8 graph) has its own
+        # vector for the same text; documents keep the plain key, so their cached vectors stay valid.
+        recipe = getattr(self.inner, "query_recipe", "") if kind == "query" else ""
+        keys = [hashlib.sha256((f"{recipe}\0{prefix}{t}" if recipe else prefix + t).encode("utf-8")).hexdigest() for t in texts]
         found = self._lookup(set(keys))
         if self.refresh is not None:
             found = {k: v for k, v in found.items() if self._computed_for.get(k) == self.refresh}

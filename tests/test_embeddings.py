@@ -129,7 +129,7 @@ def test_lru_cache(fast, monkeypatch):
     embedder = Embedder(fast, cache_size=2)
     computed: list[str] = []
     compute = embedder._compute
-    monkeypatch.setattr(embedder, "_compute", lambda texts, progress: computed.extend(texts) or compute(texts, progress=progress))
+    monkeypatch.setattr(embedder, "_compute", lambda texts, session, progress: computed.extend(texts) or compute(texts, session, progress=progress))
     first = embedder.embed_query("alpha")
     assert np.array_equal(embedder.embed_query("alpha"), first) and computed == ["alpha"]  # a hit
     embedder.embed(["beta", "gamma", "beta"], "document")  # duplicates computed once; evicts "alpha"
@@ -140,7 +140,7 @@ def test_lru_cache(fast, monkeypatch):
 def test_cache_size_zero_computes_every_time(plain, monkeypatch):
     computed: list[str] = []
     compute = plain._compute
-    monkeypatch.setattr(plain, "_compute", lambda texts, progress: computed.extend(texts) or compute(texts, progress=progress))
+    monkeypatch.setattr(plain, "_compute", lambda texts, session, progress: computed.extend(texts) or compute(texts, session, progress=progress))
     first = plain.embed_query("alpha")
     assert np.array_equal(plain.embed_query("alpha"), first) and computed == ["alpha", "alpha"]
 
@@ -148,7 +148,7 @@ def test_cache_size_zero_computes_every_time(plain, monkeypatch):
 def test_prefixes_are_applied_and_recorded(fast, plain):
     embedder = Embedder(fast, query_prefix="query: ", document_prefix="passage: ")
     assert (embedder.identity["query_prefix"], embedder.identity["document_prefix"]) == ("query: ", "passage: ")
-    np.testing.assert_allclose(embedder.embed_query("red fruit"), plain.embed(["query: red fruit"], "document")[0], atol=1e-6)
+    np.testing.assert_allclose(embedder.embed_query("red fruit"), plain.embed(["query: red fruit"], "query")[0], atol=1e-6)
     np.testing.assert_allclose(embedder.embed_documents(["red fruit"])[0], plain.embed(["passage: red fruit"], "document")[0], atol=1e-6)
     assert not np.allclose(embedder.embed_query("red fruit"), embedder.embed_documents(["red fruit"])[0])
 
@@ -156,7 +156,7 @@ def test_prefixes_are_applied_and_recorded(fast, plain):
 def test_empty_prefix_setting_means_the_models_own(fast, plain):
     embedder = Embedder(replace(fast, query_prefix="search_query: "), query_prefix="", document_prefix="passage: ")
     assert (embedder.identity["query_prefix"], embedder.identity["document_prefix"]) == ("search_query: ", "passage: ")
-    np.testing.assert_allclose(embedder.embed_query("red fruit"), plain.embed(["search_query: red fruit"], "document")[0], atol=1e-6)
+    np.testing.assert_allclose(embedder.embed_query("red fruit"), plain.embed(["search_query: red fruit"], "query")[0], atol=1e-6)
 
 
 def test_cls_pooling_differs_from_mean(fast, plain):
@@ -219,3 +219,46 @@ def test_default_embedder_matches_fp32_minilm(real_embedder, shared_dir, tmp_pat
     fp32 = Embedder(resolve_model(str(shared_dir / "models" / "minilm-l6-fp32"), tmp_path), cache_size=0)
     similarity = cosine(real_embedder.embed_documents(texts), fp32.embed_documents(texts))
     assert similarity.min() >= 0.998 and similarity.mean() >= 0.999
+
+
+def questions(shared_dir: Path, n: int) -> list[str]:
+    with open(shared_dir / "datasets" / "scifact" / "queries.jsonl", encoding="utf-8") as f:
+        texts = [json.loads(next(f))["text"] for _ in range(n)]
+    conversations = json.loads((shared_dir / "datasets" / "locomo" / "locomo-dev.json").read_text(encoding="utf-8"))
+    return texts + [q["question"] for q in conversations[0]["qa"][:n]]
+
+
+def test_int8_queries_stay_close_to_float32_and_leave_documents_alone(fast, shared_dir):
+    """Queries run on the int8-compute graph (the default); documents on the float32 graph, unchanged.
+    Gate on the query vectors behind the figures in notes/bench_scale.md (cosine 0.9966 min over 300)."""
+    texts = questions(shared_dir, 40)
+    int8, exact = Embedder(fast, cache_size=0), Embedder(fast, cache_size=0, int8_queries=False)
+    assert int8.query_recipe and not exact.query_recipe
+    similarity = cosine(np.stack([int8.embed_query(t) for t in texts]), np.stack([exact.embed_query(t) for t in texts]))
+    assert similarity.min() >= 0.995 and similarity.mean() >= 0.997
+    assert not np.array_equal(int8.embed_query(texts[0]), exact.embed_query(texts[0]))
+    assert np.array_equal(int8.embed_documents(texts), exact.embed_documents(texts))
+    assert np.array_equal(exact.embed_query(texts[0]), exact.embed_documents([texts[0]])[0])
+
+
+def test_int8_query_vector_does_not_depend_on_batch_or_threads(fast, shared_dir):
+    """Each token's activations get their own scale, so a query's vector is the same bits alone, in a
+    batch of other lengths, on one thread or several (vectors a batch-wide scale would change)."""
+    texts = questions(shared_dir, 8) + ["ok", filler(60)]
+    parallel = Embedder(fast, cache_size=0, batch_size=4, threads=3).embed(texts, "query")
+    serial = Embedder(fast, cache_size=0, threads=1)
+    assert np.array_equal(parallel, serial.embed(texts, "query"))
+    assert np.array_equal(parallel, np.stack([serial.embed_query(t) for t in texts]))
+
+
+def test_the_cache_keeps_a_query_apart_from_a_document_of_the_same_text(fast):
+    embedder, exact = Embedder(fast), Embedder(fast, cache_size=0, int8_queries=False)
+    query = embedder.embed_query("red fruit")
+    assert np.array_equal(embedder.embed_documents(["red fruit"])[0], exact.embed_documents(["red fruit"])[0])
+    assert np.array_equal(embedder.embed_query("red fruit"), query)
+
+
+def test_a_float32_model_has_no_int8_query_graph(shared_dir, tmp_path):
+    fp32 = Embedder(resolve_model(str(shared_dir / "models" / "minilm-l6-fp32"), tmp_path), cache_size=0)
+    assert fp32.query_recipe == ""
+    assert np.array_equal(fp32.embed_query("red fruit"), fp32.embed_documents(["red fruit"])[0])

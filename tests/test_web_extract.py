@@ -83,17 +83,6 @@ def test_passages_are_original_text_with_offsets_and_bounded_size(name):
         assert after.gap is None or after.heading_path == before.heading_path
 
 
-@pytest.mark.parametrize("name", PAGES)
-def test_a_limit_reads_the_first_units_and_one_more(name):
-    counter = TokenCounter()
-    markdown = extract_html(load(name)[0], "https://site.example/").markdown
-    every = chunk_markdown(markdown, counter, max_tokens=60, passage_tokens=100)
-    limited = chunk_markdown(markdown, counter, max_tokens=60, passage_tokens=100, limit=3)
-    assert len(every) > 4
-    # The page is read up to the block holding the unit past the limit (which says there are more), no further.
-    assert 4 <= len(limited) < len(every) and limited == every[:len(limited)]
-
-
 def test_list_items_and_table_rows_are_units_of_their_own():
     counter = TokenCounter()
     text = ("# Kit\n\n- A tent for two\n- A stove\n  that folds\n- Water filter\n\n| Item | Weight |\n|---|---|\n"

@@ -426,6 +426,25 @@ def test_only_the_units_of_passages_chosen_by_bm25_are_embedded():
     assert len({next(c.passage for c in chunks if t.split("\n", 1)[1] in c.text) for t in shared.documents}) == 1
 
 
+def test_every_unit_is_ranked_and_scrape_max_chunks_bounds_only_those_embedded(loopback_only, web_config):
+    """A page with more units than scrape_max_chunks is read whole: an answer in its last paragraph comes back
+    (BM25 ranks every unit), while at most scrape_max_chunks texts are embedded, whatever the budget's depth."""
+    filler = "".join(f"<p>Note {k}: the harbour had {k + 3} boats, and their nets were mended on the quay each winter.</p>"
+                     for k in range(60))
+    page = (f"<html><head><title>Harbour</title></head><body><main><article><h1>Harbour log</h1>{filler}"
+            "<p>The lighthouse keeper retired in 1987, after forty years on the rock.</p></article></main></body></html>")
+    config = web_config.model_copy(update={"scrape_max_chunks": 10, "scrape_unit_candidates": 1000})
+    embedder = CountingEmbedder()
+    with LocalServer({"/harbour": html(page)}) as server:
+        answer = scrape_urls([{"url": server.url("/harbour"), "query": "When did the lighthouse keeper retire?"}], 4000,
+                             order="rank", config=config, embedder=embedder)
+    (result,) = answer["results"]
+    assert result["outcome"] == "ok" and "note" not in result
+    assert "The lighthouse keeper retired in 1987" in result["passages"][0]["text"]
+    assert 0 < len(embedder.documents) <= 10
+    assert fits(answer, 4000)
+
+
 def test_links_that_share_no_word_with_the_query_are_left_out(loopback_only, web_config):
     with LocalServer({"/rivers": html(ARTICLE)}) as server:
         answer = scrape(web_config, [{"url": server.url("/rivers"), "query": "Volga basin population"}], 1000)

@@ -183,9 +183,8 @@ def _items(markdown: str, block: _Block) -> list[tuple[int, int]]:
 
 
 def chunk_markdown(markdown: str, counter: TokenCounter, *, max_tokens: int = 256,
-                   passage_tokens: int = 160, deadline: Deadline | None = None, limit: int | None = None) -> list[Chunk]:
-    """The page's units in page order (see the module docstring), at most ``limit`` + 1 of them (the one
-    past the limit says there were more; the rest of the page is not read); TimeoutError past the ``deadline``."""
+                   passage_tokens: int = 160, deadline: Deadline | None = None) -> list[Chunk]:
+    """The page's units in page order (see the module docstring); TimeoutError past the ``deadline``."""
     chunks: list[Chunk] = []
     path: list[tuple[int, str]] = []
     cur_path: tuple[str, ...] = ()
@@ -194,8 +193,6 @@ def chunk_markdown(markdown: str, counter: TokenCounter, *, max_tokens: int = 25
     for block in _blocks(markdown):
         if deadline is not None:
             deadline.check()
-        if limit is not None and len(chunks) > limit:
-            break
         if block.heading is not None:
             level, text = block.heading
             path = [(lv, t) for lv, t in path if lv < level] + [(level, text)]

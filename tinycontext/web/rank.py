@@ -125,6 +125,18 @@ def candidate_passages(bm25_passages: Sequence[tuple[int, float]], unit_passages
     return list(picked)
 
 
+def within_units(passages: Sequence[int], units: Counter, limit: int) -> set[int]:
+    """The passages, in their order, whose units together number at most ``limit`` (one too large for
+    what is left is passed over): what embedding a page costs is bounded, however long the page."""
+    kept: set[int] = set()
+    room = limit
+    for k in passages:
+        if units[k] <= room:
+            kept.add(k)
+            room -= units[k]
+    return kept
+
+
 def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyContextConfig,
                 deadline: Deadline | None = None, budget: int | None = None, pages: int = 1) -> list[tuple[int, float]]:
     """(position, score) of the chunks (the page's units), best first: the fused score of its passage (after
@@ -133,10 +145,10 @@ def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyConte
 
     Every passage and unit is ranked by BM25 (cheap); only the units of the passages chosen by BM25
     (:func:`candidate_passages`: an equal share of ``scrape_unit_candidates`` among the call's ``pages``, or
-    CANDIDATES_PER_FIT per passage that the item's ``budget`` holds when that is more) are embedded, and a passage's vector is the
-    mean of its units' (a page new to the embedder costs a fraction of its text, not twice it). The
-    others keep their BM25 share of the fused scores. Embedding stops at the ``deadline``'s soft
-    limit: what was embedded by then is used."""
+    CANDIDATES_PER_FIT per passage that the item's ``budget`` holds when that is more; at most
+    ``scrape_max_chunks`` units in all) are embedded, and a passage's vector is the mean of its units' (a page
+    new to the embedder costs a fraction of its text, not twice it). The others keep their BM25 share of the
+    fused scores. Embedding stops at the ``deadline``'s soft limit: what was embedded by then is used."""
     if not chunks:
         return []
     ids, texts, sections = passages_of(chunks)
@@ -155,7 +167,9 @@ def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyConte
         depth = math.ceil(config.scrape_unit_candidates / max(1, pages))
         if budget is not None:
             depth = max(depth, math.ceil(CANDIDATES_PER_FIT * budget / config.scrape_passage_tokens))
-        chosen = set(candidate_passages(bm25_passages, [unit_passage[u] for u, _ in bm25_units], sections, depth))
+        counts = Counter(unit_passage)
+        chosen = within_units(candidate_passages(bm25_passages, [unit_passage[u] for u, _ in bm25_units], sections, depth),
+                              counts, config.scrape_max_chunks)
         embed = [u for u, k in enumerate(unit_passage) if k in chosen]
         query_vector = np.asarray(embedder.embed_query(query), dtype=np.float32)
         vectors = embed_until(embedder, [unit_texts[u] for u in embed], deadline)
@@ -165,7 +179,6 @@ def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyConte
             members: dict[int, list[int]] = {}
             for j, u in enumerate(embed):
                 members.setdefault(unit_passage[u], []).append(j)
-            counts = Counter(unit_passage)
             whole = [k for k, rows in members.items() if len(rows) == counts[k]]  # a passage cut by the clock has none
             if whole:
                 means = np.stack([vectors[members[k]].mean(axis=0) for k in whole])

@@ -98,15 +98,13 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
     if fetched.outcome != "ok":
         return PageResult(item, fetched, fetched.outcome)
     deadline = deadline or Deadline()
-    page, chunks, more = _read(fetched, config, counter, deadline, links)
+    page, chunks = _read(fetched, config, counter, deadline, links)
     note = f"the page was read up to {config.scrape_max_chars} characters of text (scrape_max_chars)" if page.cut else ""
     result = PageResult(item, fetched, "ok", title=page.title, markdown_chars=len(page.markdown), note=note)
     if not page.markdown.strip():
         result.outcome = "empty"
         return result
     result.chunks = list(chunks)
-    if more:
-        result.note = f"the page was read up to its first {config.scrape_max_chunks} units (scrape_max_chunks)"
     result.links = page.links
     deadline.check()
     if item.ranked:
@@ -123,7 +121,7 @@ def _process(item: ScrapeItem, fetched: FetchResult, embedder, config: TinyConte
 # unchanged page asked again (the agent's next question on it) is not extracted and chunked again, as its
 # units are not embedded again (the embedder's cache is keyed by text). Chunks are never changed once made.
 PAGE_CACHE_SIZE = 16
-_pages: OrderedDict[tuple, tuple[ExtractedPage, list, bool]] = OrderedDict()
+_pages: OrderedDict[tuple, tuple[ExtractedPage, list]] = OrderedDict()
 _pages_lock = threading.Lock()
 
 
@@ -134,11 +132,12 @@ def clear_page_cache() -> None:
 
 
 def _read(fetched: FetchResult, config: TinyContextConfig, counter: TokenCounter, deadline: Deadline,
-          links: bool) -> tuple[ExtractedPage, list, bool]:
-    """The page's extracted text, its units (at most scrape_max_chunks) and whether it had more."""
+          links: bool) -> tuple[ExtractedPage, list]:
+    """The page's extracted text (at most scrape_max_chars) and all its units: every unit is ranked, by BM25 at
+    least (scrape_max_chunks bounds those embedded)."""
     key = (hashlib.sha256(fetched.body).digest(), fetched.final_url or fetched.url, fetched.content_type, fetched.charset,
            links, counter.encoding.name, config.scrape_pdf_max_pages, config.scrape_max_chars, config.scrape_chunk_tokens,
-           config.scrape_passage_tokens, config.scrape_max_chunks)
+           config.scrape_passage_tokens)
     with _pages_lock:
         if key in _pages:
             _pages.move_to_end(key)
@@ -151,11 +150,9 @@ def _read(fetched: FetchResult, config: TinyContextConfig, counter: TokenCounter
     if page.markdown.strip():
         with telemetry.operation("scrape.chunk") as op:
             chunks = chunk_markdown(page.markdown, counter, max_tokens=config.scrape_chunk_tokens,
-                                    passage_tokens=config.scrape_passage_tokens, deadline=deadline,
-                                    limit=config.scrape_max_chunks)
-            op.set(chunks=min(len(chunks), config.scrape_max_chunks),
-                   tokens=sum(chunk.tokens for chunk in chunks[:config.scrape_max_chunks]))
-    read = (page, chunks[:config.scrape_max_chunks], len(chunks) > config.scrape_max_chunks)
+                                    passage_tokens=config.scrape_passage_tokens, deadline=deadline)
+            op.set(chunks=len(chunks), tokens=sum(chunk.tokens for chunk in chunks))
+    read = (page, chunks)
     with _pages_lock:
         _pages[key] = read
         while len(_pages) > PAGE_CACHE_SIZE:
