@@ -35,9 +35,10 @@ def hits(scores: np.ndarray, ids: np.ndarray, depth: int, positive: bool) -> lis
     return [(int(ids[i]), float(scores[i])) for i in order]
 
 
-def questions(path: str, depth: int, floor: float):
+def questions(path: str, depth: int, floor: float, widen=None):
     """Per question: (category, candidate turns' ids, their features, evidence flags, evidence count,
-    the rrf fusion's ranking)."""
+    the rrf fusion's ranking). ``widen(signals, j, question, info, bm25, dense)``, if given, returns the
+    BM25 and dense lists question ``j`` fuses instead of the top ``depth`` of each (a candidate lever)."""
     c = np.load(path, allow_pickle=False)
     ids = c["ids"]
     info = {int(i): (int(e), str(s) or None) for i, e, s in zip(ids, c["episode"], c["speaker"])}
@@ -49,6 +50,8 @@ def questions(path: str, depth: int, floor: float):
         question = str(question)
         bm25 = hits(c["bm25"][j], ids, depth, True)
         dense = hits(c["vectors"] @ c["qvec"][j], ids, depth, False)
+        if widen is not None:
+            bm25, dense = widen(c, j, question, info, bm25, dense)
         episodes = hits(c["ep_bm25"][j], c["ep_ids"], conversation.EPISODE_DEPTH, True)
         ranked, _ = relevance_floor(fuse(bm25, dense, dense_weight=0.5, k=10), floor)
         pool, rows = conversation.fusion_features(ranked, info, query=question, episode_hits=episodes, dense_hits=dense,

@@ -9,10 +9,11 @@ passage of a document longer than that (token windows that start at a word, ``--
 Field-aware BM25: an FTS5 table with title and body columns (the engine's tokenizer and query
 expression), ``bm25(t, title_weight, 1)``.
 
-Rankings: the engine's own ``fuse`` (weighted RRF) and ``relevance_floor`` over BM25 top-100 and dense
-top-100, where a document's dense score is its first vector's (what ships), the max over its passages,
-or the mean of its passage vectors; nDCG@10 of the ranking (ir_measures), paired bootstrap CIs against
-what ships.
+Rankings: the engine's own ``fuse`` (weighted RRF), ``relevance_floor`` and ``score_fusion`` (what ships
+for memories that are not turns) over BM25 top-100 and dense top-100, where a document's dense score is
+its first vector's (what ships), the max over its passages, or the mean of its passage vectors; a BM25
+hit outside the dense list may get its own cosine ("exact cosines": the engine holds the stored
+vectors). nDCG@10 of the ranking (ir_measures), paired bootstrap CIs against what ships.
 
     python scripts/scifact_passages.py --workdir /tmp/scifact-pass --json notes/eval_runs/scifact_passages.json
 """
@@ -33,11 +34,12 @@ from evals.embedding_cache import CachedEmbedder
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.models.embedder import Embedder, _load_tokenizer
 from tinycontext.models.hub import resolve_model
-from tinycontext.retrieval.fusion import fts_query, fuse, relevance_floor
+from tinycontext.retrieval.fusion import SCORE_FUSION_DENSE_SHARE, fts_query, fuse, relevance_floor, score_fusion
 
 REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "datasets" / "scifact"
 DEPTH = 100
+SHIPS = "ships (score fusion, first window, flat BM25)"
 
 
 def passages(tokenizer, text: str, window: int, stride: int) -> list[str]:
@@ -80,7 +82,8 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=REPO / ".eval_cache", help="the harness's cache_dir (vectors shared)")
     parser.add_argument("--stride", type=int, default=192)
     parser.add_argument("--title-prefix", action="store_true", help="each further passage starts with the document's first line (its title)")
-    parser.add_argument("--report", nargs="*", default=["ships (first window, flat BM25)"], help="configs also scored on test")
+    parser.add_argument("--report", nargs="*", default=[SHIPS], help="configs also scored on test")
+    parser.add_argument("--only", nargs="*", help="only these configs (names as printed; default: all)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -157,19 +160,37 @@ def main() -> None:
         top = np.argsort(-score, kind="stable")[:DEPTH]
         return [(int(i), float(score[i])) for i in top]
 
-    def run(split: str, how: str, *, weight: float = 0.5, k: float = 10, title_weight: float | None = None) -> dict[str, float]:
+    def run(split: str, how: str, *, weight: float = 0.5, k: float = 10, title_weight: float | None = None,
+            share: float | None = None, exact: bool = False) -> dict[str, float]:
+        """nDCG@10 per query; ``share``: score fusion with that dense share (else weighted RRF); ``exact``:
+        a BM25 hit outside the dense list gets its own cosine (the stored vector), not none."""
         out = {}
         for q in splits[split]:
             j = qids.index(q)
             lexical = bm25[q] if title_weight is None else field_bm25(data.queries[q], title_weight)
-            ranked, _ = relevance_floor(fuse(lexical, dense(j, how) if weight > 0 else [], dense_weight=weight, k=k), 0.3)
+            semantic = dense(j, how) if weight > 0 else []
+            ranked, _ = relevance_floor(fuse(lexical, semantic, dense_weight=weight, k=k), 0.3)
+            if exact:
+                cosine = first_vec @ queries[j]
+                for c in ranked:
+                    c.dense = float(cosine[c.id]) if c.dense is None else c.dense
+            if share is not None:
+                ranked = score_fusion(ranked, semantic, dense_share=share)
             out[q] = [doc_ids[c.id] for c in ranked[:10]]
         return ndcg_per_query({q: data.qrels[q] for q in splits[split]}, out)
 
     rng = np.random.default_rng(0)
     results: dict = {"stride": args.stride, "title_prefix": args.title_prefix, "window": window, "docs_longer": len(set(owner[~is_first].tolist())),
                      "further_passages": int((~is_first).sum())}
-    configs = {"ships (first window, flat BM25)": dict(how="first")}
+    configs = {SHIPS: dict(how="first", share=SCORE_FUSION_DENSE_SHARE), "weighted RRF (before score fusion)": dict(how="first")}
+    # Score fusion with exact cosines for BM25 hits outside the dense list, and with a title column.
+    for share in (0.25, 0.35, 0.45):
+        configs[f"score fusion {share}, exact cosines"] = dict(how="first", share=share, exact=True)
+    for how in ("max", "blend:0.5", "blend:0.25"):
+        configs[f"score fusion, dense {how}"] = dict(how=how, share=SCORE_FUSION_DENSE_SHARE)
+    for tw in (2.0, 3.0):
+        configs[f"score fusion, title weight {tw}"] = dict(how="first", share=SCORE_FUSION_DENSE_SHARE, title_weight=tw)
+        configs[f"score fusion, exact cosines, title weight {tw}"] = dict(how="first", share=SCORE_FUSION_DENSE_SHARE, exact=True, title_weight=tw)
     for how in ("max", "mean", "blend:0.5"):
         configs[f"dense {how}"] = dict(how=how)
     for tw in (0.5, 1.0, 2.0, 3.0, 4.0):
@@ -182,8 +203,10 @@ def main() -> None:
     configs["dense only, first"] = dict(how="first", weight=1.0)
     configs["dense only, max"] = dict(how="max", weight=1.0)
     configs["dense only, mean"] = dict(how="mean", weight=1.0)
-    base = {s: run(s, **configs["ships (first window, flat BM25)"]) for s in ("train", "test")}
+    base = {s: run(s, **configs[SHIPS]) for s in ("train", "test")}
     for name, cfg in configs.items():
+        if args.only is not None and name not in args.only and name != SHIPS:
+            continue
         row = {}
         # Choices are made on train: test is scored only for the configs named with --report.
         for s in ("train", "test") if name in args.report else ("train",):

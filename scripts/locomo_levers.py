@@ -1,0 +1,248 @@
+"""LoCoMo dev: candidate and diversity levers for the learned fusion, each scored leave-one-conversation-out.
+
+Offline from the signals ``locomo_signals.py`` keeps. A candidate lever changes the BM25 and dense lists a
+question fuses (``locomo_fusion.questions(widen=...)``); the fusion's weights are then refitted on four
+conversations and scored on the fifth, as ``locomo_fusion.py`` does for the shipped model. A diversity
+lever re-orders the top 10 of the held-out learned order by chat session (episode). Every lever is
+compared with the shipped recipe held out the same way (paired bootstrap over the 760 questions):
+
+- ``depth D``: the BM25 and dense top D fused instead of the top 100 (``recall_candidates``);
+- ``idf P``: BM25 with each query term's share (FTS5 scores an OR query as the sum over its terms)
+  multiplied by the term's IDF ** P, i.e. rare words weigh more than BM25's own IDF makes them;
+- ``speaker K``: when the question names one speaker, that speaker's top K turns by BM25 and by dense
+  similarity join the lists (multi-hop questions are about one person's turns over many sessions);
+- ``prf B/M/K``: dense pseudo-relevance feedback (Rocchio): query + B x the mean of the top M dense hits'
+  vectors; its top K turns not yet in the dense list join it (K 0: the feedback list replaces it);
+- ``interactions``: the fusion's features and every product of two of them (a model of interactions,
+  still a linear score), L2 as given;
+- ``cap C``: at most C turns of one episode among the first 10, the rest moved down in order;
+- ``mmr L``: the first 10 picked greedily by score minus L x (turns of that episode already picked) x the
+  standard deviation of the question's scores (MMR over sessions); ``mmr chosen`` picks L on four
+  conversations' held-out figures and applies it to the fifth.
+
+    python scripts/locomo_signals.py --workdir /tmp/locomo-sig
+    python scripts/locomo_levers.py --workdir /tmp/locomo-sig --json notes/locomo_runs/levers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+
+import locomo_fusion as lf
+from tinycontext.retrieval import conversation
+from tinycontext.retrieval.fusion import match_expression, query_terms
+
+TOP = 10
+MMR = (0.1, 0.25, 0.5, 1.0)
+
+
+def merge(*lists: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Hit lists as one, best first, ties by id (a search's order)."""
+    scores: dict[int, float] = {}
+    for found in lists:
+        scores.update(found)
+    return sorted(scores.items(), key=lambda x: (-x[1], x[0]))
+
+
+def speaker_lists(k: int):
+    def widen(c, j, question, info, bm25, dense):
+        speaker = conversation.mentioned_speaker(question, {s for _, s in info.values() if s})
+        if speaker is None:
+            return bm25, dense
+        ids = c["ids"]
+        mine = np.flatnonzero(np.array([info[int(i)][1] == speaker for i in ids]))
+        return (merge(bm25, lf.hits(c["bm25"][j][mine], ids[mine], k, True)),
+                merge(dense, lf.hits((c["vectors"] @ c["qvec"][j])[mine], ids[mine], k, False)))
+    return widen
+
+
+def feedback(beta: float, m: int, k: int, depth: int):
+    def widen(c, j, question, info, bm25, dense):
+        ids, vectors = c["ids"], c["vectors"]
+        top = np.searchsorted(ids, [i for i, _ in dense[:m]])
+        query = c["qvec"][j] + beta * vectors[top].mean(0)
+        shifted = vectors @ (query / np.linalg.norm(query))
+        if k == 0:
+            return bm25, lf.hits(shifted, ids, depth, False)
+        have = {i for i, _ in dense}
+        cosine = vectors @ c["qvec"][j]
+        new = [i for i, _ in lf.hits(shifted, ids, depth + k, False) if i not in have][:k]
+        # A joining turn keeps its own cosine with the query: the dense scores stay comparable.
+        return bm25, merge(dense, [(i, float(cosine[np.searchsorted(ids, i)])) for i in new])
+    return widen
+
+
+def term_scores(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per question id: each query term's BM25 over the conversation's turns (terms x turns, as the
+    engine scores one term: FTS5 sums these over an OR query) and the term's IDF as FTS5 computes it."""
+    c = np.load(path, allow_pickle=False)
+    ids = c["ids"]
+    db = sqlite3.connect(Path(path).parent / Path(path).name.replace("signals-", "cv-turns-").replace(".npz", ".db"))
+    n = db.execute("SELECT count(*) FROM memories_fts").fetchone()[0]
+    out = {}
+    for qid, question in zip(c["qids"], c["questions"]):
+        terms = query_terms(str(question))
+        scores = np.zeros((len(terms), len(ids)), np.float32)
+        idf = np.zeros(len(terms))
+        for t, term in enumerate(terms):
+            rows = db.execute("SELECT rowid, -bm25(memories_fts, 1.0, 0.5, 1.0) FROM memories_fts WHERE memories_fts MATCH ?",
+                              (match_expression([term]),)).fetchall()
+            for rowid, score in rows:
+                scores[t, np.searchsorted(ids, rowid)] = score
+            idf[t] = max(math.log((n - len(rows) + 0.5) / (len(rows) + 0.5)), 1e-6)
+        out[str(qid)] = (scores, idf)
+    return out
+
+
+def idf_weighted(power: float, terms: dict, depth: int):
+    """BM25 with each query term's share multiplied by its IDF ** ``power`` (0: the engine's BM25)."""
+    def widen(c, j, question, info, bm25, dense):
+        scores, idf = terms[str(c["qids"][j])]
+        return lf.hits((idf ** power) @ scores if len(idf) else np.zeros(len(c["ids"])), c["ids"], depth, True), dense
+    return widen
+
+
+def deeper(depth: int):
+    """The BM25 and dense top ``depth`` instead of the engine's ``recall_candidates``."""
+    def widen(c, j, question, info, bm25, dense):
+        return lf.hits(c["bm25"][j], c["ids"], depth, True), lf.hits(c["vectors"] @ c["qvec"][j], c["ids"], depth, False)
+    return widen
+
+
+def episodes_of(path: str) -> dict[int, int]:
+    c = np.load(path, allow_pickle=False)
+    return dict(zip(c["ids"].tolist(), c["episode"].tolist()))
+
+
+def diversify(q, weights, episode: dict[int, int], *, cap: int = 0, lam: float = 0.0) -> list[int]:
+    """The learned order with its first ``TOP`` re-picked by episode (``cap`` or ``mmr``)."""
+    scores = q[2] @ weights
+    order = np.lexsort((q[1], -scores))
+    ids, s = q[1][order].tolist(), scores[order]
+    spread = float(s.std()) or 1.0
+    chosen: list[int] = []
+    used: dict[int, int] = {}
+    left = list(range(len(ids)))
+    while left and len(chosen) < TOP:
+        if cap:
+            pick = next((p for p in left if used.get(episode[ids[p]], 0) < cap), None)
+            if pick is None:
+                break
+        else:
+            pick = max(left, key=lambda p: (s[p] - lam * spread * used.get(episode[ids[p]], 0), -p))
+        left.remove(pick)
+        chosen.append(pick)
+        used[episode[ids[pick]]] = used.get(episode[ids[pick]], 0) + 1
+    return [ids[p] for p in chosen] + [ids[p] for p in left]
+
+
+def interactions(convs):
+    """The same questions with every product of two features added (a linear model of them can weigh,
+    e.g., the speaker feature differently in a well-matched episode)."""
+    pairs = [(a, b) for a in range(len(conversation.FUSION_FEATURES)) for b in range(a, len(conversation.FUSION_FEATURES))]
+    return [[(q[0], q[1], np.hstack([q[2], np.stack([q[2][:, a] * q[2][:, b] for a, b in pairs], 1)]), *q[3:]) for q in conv]
+            for conv in convs]
+
+
+def held_out(convs, l2: float):
+    """Per fold the weights fitted on the other conversations, and every question's held-out order."""
+    folds, orders = [], []
+    for i, conv in enumerate(convs):
+        train = [q for k, other in enumerate(convs) if k != i for q in other]
+        weights = lf.fit([q[2] for q in train], [q[3] for q in train], l2)
+        folds.append(weights)
+        orders += [lf.learned_order(q, weights) for q in conv]
+    return folds, orders
+
+
+def candidate_recall(every) -> dict:
+    pool = np.array([(q[0], q[3].sum() / q[4]) for q in every])
+    return {"all": round(float(pool[:, 1].mean()), 4), **{f"cat{c}": round(float(pool[pool[:, 0] == c, 1].mean()), 4) for c in lf.CATEGORIES},
+            "mean_pool": round(float(np.mean([len(q[1]) for q in every])), 1)}
+
+
+def compare(rows: np.ndarray, base: np.ndarray, rng) -> dict:
+    cat1 = rows[:, 0] == 1
+    return {**lf.describe(rows), "R@10 minus baseline": lf.paired(rows[:, 2], base[:, 2], rng),
+            "R@5 minus baseline": lf.paired(rows[:, 1], base[:, 1], rng),
+            "cat1 R@10 minus baseline": lf.paired(rows[cat1, 2], base[cat1, 2], rng),
+            "top-10 characters minus baseline": lf.paired(rows[:, 4], base[:, 4], rng)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--depth", type=int, default=100)
+    parser.add_argument("--floor", type=float, default=0.3)
+    parser.add_argument("--l2", type=float, default=1e-3)
+    parser.add_argument("--only", nargs="*", help="only these levers (names as printed; default: all)")
+    parser.add_argument("--json", help="write the figures here too")
+    args = parser.parse_args()
+    paths = sorted(glob.glob(f"{args.workdir}/signals-*.npz"))
+    wanted = (lambda name: args.only is None or name in args.only)
+    candidates = {  # name -> the lists' widening, built only when run
+        "idf 0.5": lambda terms: idf_weighted(0.5, terms, args.depth), "idf 1": lambda terms: idf_weighted(1.0, terms, args.depth),
+        "depth 150": lambda _: deeper(150), "depth 200": lambda _: deeper(200),
+        "speaker 20": lambda _: speaker_lists(20), "speaker 50": lambda _: speaker_lists(50),
+        "prf 0.5/5/0": lambda _: feedback(0.5, 5, 0, args.depth), "prf 1/5/0": lambda _: feedback(1.0, 5, 0, args.depth),
+        "prf 0.5/5/20": lambda _: feedback(0.5, 5, 20, args.depth), "prf 1/10/50": lambda _: feedback(1.0, 10, 50, args.depth),
+    }
+    diversity = {**{f"cap {c}": {"cap": c} for c in (2, 3, 4)}, **{f"mmr {lam}": {"lam": lam} for lam in MMR}}
+    terms = {}
+    if any(wanted(name) for name in candidates if name.startswith("idf")):
+        terms = {k: v for p in paths for k, v in term_scores(p).items()}
+        # The weighting starts from what ships only if the per-term scores sum to the engine's BM25.
+        gap = max(float(np.abs(terms[str(q)][0].sum(0) - row).max()) for p in paths for c in [np.load(p)] for q, row in zip(c["qids"], c["bm25"]))
+        print("per-term BM25 sums vs the engine's BM25, max abs difference:", gap, flush=True)
+    base_convs = [lf.questions(p, args.depth, args.floor) for p in paths]
+    every = [q for conv in base_convs for q in conv]
+    folds, base_orders = held_out(base_convs, args.l2)
+    base = lf.recall_rows(every, base_orders)
+    rng = np.random.default_rng(0)
+    out: dict = {"questions": len(every), "baseline (shipped recipe, LOCO-CV)": {**lf.describe(base), "candidate recall": candidate_recall(every)}}
+    print(json.dumps(out, indent=1), flush=True)
+    for name, make in candidates.items():
+        if wanted(name):
+            convs = [lf.questions(p, args.depth, args.floor, make(terms)) for p in paths]
+            qs = [q for conv in convs for q in conv]
+            out[name] = {**compare(lf.recall_rows(qs, held_out(convs, args.l2)[1]), base, rng), "candidate recall": candidate_recall(qs)}
+            print(name, json.dumps(out[name]), flush=True)
+    for l2 in (1e-3, 1e-2):
+        name = f"interactions, l2 {l2}"
+        if wanted(name):
+            convs = interactions(base_convs)
+            out[name] = compare(lf.recall_rows(every, held_out(convs, l2)[1]), base, rng)
+            print(name, json.dumps(out[name]), flush=True)
+    # Diversity: each question's first 10 of its fold's held-out order, re-picked.
+    picked = {}
+    for name, knobs in diversity.items():
+        if wanted(name) or (wanted("mmr chosen") and "lam" in knobs):
+            orders = [diversify(q, folds[i], episodes_of(paths[i]), **knobs) for i, conv in enumerate(base_convs) for q in conv]
+            picked[name] = lf.recall_rows(every, orders)
+            out[name] = compare(picked[name], base, rng)
+            print(name, json.dumps(out[name]), flush=True)
+    if wanted("mmr chosen"):
+        # MMR's weight chosen on the other four conversations (mean R@10 of their held-out questions).
+        conv_of = np.array([i for i, conv in enumerate(base_convs) for _ in conv])
+        chosen_rows, choices = np.zeros_like(base), []
+        for i in range(len(base_convs)):
+            others = conv_of != i
+            best = max(MMR, key=lambda lam: picked[f"mmr {lam}"][others, 2].mean())
+            choices.append(best)
+            chosen_rows[~others] = picked[f"mmr {best}"][~others]
+        out["mmr chosen"] = {**compare(chosen_rows, base, rng), "chosen per fold": choices}
+        print("mmr chosen", json.dumps(out["mmr chosen"]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
