@@ -20,6 +20,7 @@ from consistency import assert_consistent
 
 import tinycontext
 from tinycontext import MemoryEngine, TinyContextConfig
+from tinycontext.cli.commands import main
 from tinycontext.errors import InvalidInputError
 from tinycontext.memory.transfer import FORMATS, import_path
 
@@ -204,22 +205,26 @@ def _cli(*args, env):
 
 
 @pytest.mark.parametrize("fixture, fmt, count, ignored", CASES)
-def test_cli_imports_each_format(tmp_path, fixture, fmt, count, ignored):
-    """The real CLI, keyword-only (no model to load per subprocess; the library tests embed)."""
-    env = {"TINYCONTEXT_MEMORY_DB_PATH": str(tmp_path / "cli.db"), "TINYCONTEXT_MODELS_DIR": str(tmp_path / "models"),
-           "TINYCONTEXT_EMBEDDING_BACKEND": "none"}
+def test_cli_imports_each_format(env, monkeypatch, capsys, tmp_path, fixture, fmt, count, ignored):
+    """The CLI's ``main`` in process, keyword-only (the library tests embed); the real subprocess is the
+    next test's (exit code, stderr line, help)."""
+    monkeypatch.setenv("TINYCONTEXT_EMBEDDING_BACKEND", "none")
     path = str(source(fixture, tmp_path))
-    dry = _cli("import", "--format", fmt, "--dry-run", path, env=env)
-    assert dry.returncode == 0, dry.stderr
-    assert dry.stdout.startswith(f"Would import {count} memor") and "Dry run: nothing was changed." in dry.stdout
-    done = _cli("import", "--format", fmt, "--session", "theirs", "--json", path, env=env)
-    assert done.returncode == 0, done.stderr
-    assert {k: json.loads(done.stdout)[k] for k in ("imported", "skipped", "ignored", "format")} == {
+
+    def cli(*args: str) -> str:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        return out
+
+    dry = cli("import", "--format", fmt, "--dry-run", path)
+    assert dry.startswith(f"Would import {count} memor") and "Dry run: nothing was changed." in dry
+    done = json.loads(cli("import", "--format", fmt, "--session", "theirs", "--json", path))
+    assert {k: done[k] for k in ("imported", "skipped", "ignored", "format")} == {
         "imported": count, "skipped": 0, "ignored": ignored, "format": fmt}
-    again = _cli("import", "--format", fmt, path, env=env)
-    assert again.returncode == 0 and f"skipped {count} already present" in again.stdout
-    listed = _cli("sessions", "--json", env=env)
-    assert [(s["session_id"], s["memories"]) for s in json.loads(listed.stdout)] == [("theirs", count)]
+    assert f"skipped {count} already present" in cli("import", "--format", fmt, path)
+    listed = json.loads(cli("sessions", "--json"))
+    assert [(s["session_id"], s["memories"]) for s in listed] == [("theirs", count)]
 
 
 def test_cli_refuses_a_bad_file_with_its_line(tmp_path):
