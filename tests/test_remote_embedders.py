@@ -62,7 +62,7 @@ def test_batches_concurrency_and_retries(server):
     assert len(server.requests) == 5 and all(len(r["input"]) <= 4 for r in server.requests)
     assert server.max_in_flight <= 2
     # Order is kept across batches (checked against the model itself: the embedder's cache would answer its own).
-    assert float(vectors[7] @ server.embedder.embed_query("text number 7")) > 0.9999
+    assert float(vectors[7] @ server.embedder.embed_documents(["text number 7"])[0]) > 0.9999
     server.fail_first = 2  # two 500s, then success: retried with backoff
     assert embedder.embed_query("retry me").shape == (384,)
     embedder.close()
