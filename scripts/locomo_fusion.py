@@ -120,12 +120,17 @@ def paired(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n: int = 2000
     return [round(float(d.mean()), 4), round(float(np.percentile(means, 2.5)), 4), round(float(np.percentile(means, 97.5)), 4)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def signal_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options every script over the stored signals takes (this one and locomo_levers.py)."""
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--depth", type=int, default=100)
     parser.add_argument("--floor", type=float, default=0.3)
     parser.add_argument("--l2", type=float, default=1e-3)
+    return parser
+
+
+def main() -> None:
+    parser = signal_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument("--without", nargs="*", default=[], choices=conversation.FUSION_FEATURES, help="features fitted with weight 0")
     args = parser.parse_args()
     convs = [questions(path, args.depth, args.floor) for path in sorted(glob.glob(f"{args.workdir}/signals-*.npz"))]

@@ -177,11 +177,7 @@ def compare(rows: np.ndarray, base: np.ndarray, rng) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--depth", type=int, default=100)
-    parser.add_argument("--floor", type=float, default=0.3)
-    parser.add_argument("--l2", type=float, default=1e-3)
+    parser = lf.signal_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument("--only", nargs="*", help="only these levers (names as printed; default: all)")
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args()
