@@ -329,6 +329,39 @@ def test_quantized_session_follows_writes(tmp_path):
             assert mid == best[0] and abs(score - best[1]) < 0.02
 
 
+class TableEmbedder(HashEmbedder):
+    """Texts embedded as the vectors given for them."""
+
+    def __init__(self, table: dict[str, np.ndarray]):
+        super().__init__(len(next(iter(table.values()))), model="table")
+        self.table = table
+
+    def _one(self, text: str) -> np.ndarray:
+        return self.table[text]
+
+
+def test_quantized_top_10_decided_by_exact_cosines(tmp_path, monkeypatch):
+    """Int8 cosines err by ~1e-3: rows whose exact cosines are closer than that can swap across the 10th
+    place. The rows near it are rescored from their stored float vectors, so the top 10 is exact search's."""
+    rng = np.random.default_rng(3)
+    query = rng.standard_normal(48)
+    query /= np.linalg.norm(query)
+    table = {"query": query.astype(np.float32)}
+    for i in range(100):  # 40 near-ties 1e-4 apart at cosine ~0.9, then 60 unrelated rows
+        other = rng.standard_normal(48)
+        other -= (other @ query) * query
+        cosine = 0.9 - 1e-4 * i if i < 40 else rng.uniform(-0.3, 0.3)
+        table[f"memory {i}"] = (cosine * query + np.sqrt(1 - cosine**2) * other / np.linalg.norm(other)).astype(np.float32)
+    with MemoryEngine(_config(tmp_path / "m.db", vector_cache_max=10, dedup_mode="off"), embedder=TableEmbedder(table)) as eng:
+        eng.save([t for t in table if t != "query"], session_id="s")
+        want = _oracle(eng, "query", "s", [], 10)
+        got = eng.candidate_search.dense("query", "s", [], 10)
+        assert eng.index.quantized_size == 100
+        _same(got, want)
+        monkeypatch.setattr(vector_index, "BORDER", 0.0)  # int8 scores alone: they get this top 10 wrong
+        assert {i for i, _ in eng.candidate_search.dense("query", "s", [], 10)} != {i for i, _ in want}
+
+
 @pytest.mark.parametrize("cache_max", [500_000, 100, 0])
 def test_vectors_by_id_are_the_stored_ones(filled, cache_max):
     """The re-rankers' look-up: the stored unit vectors of the ids asked for, from the float copy, a

@@ -26,7 +26,9 @@ bitmap); the best :func:`rescore_depth` are rescored by their int8 codes, read f
 id. Reading thousands of codes per query costs most of it (notes/bench_scale.md), so sessions up to
 ``codes_max`` vectors (``vector_codes_max``) also hold every code in RAM at 4 bits (``codes.nibbles``,
 196 bytes a vector: half the int8 copy's RSS): those rank the candidates first, and only the best
-:func:`recheck_depth` are read back as int8. Scores are the int8 cosines, within ~1e-3 of the exact ones; tests/test_vector_codes.py checks recall@10
+:func:`recheck_depth` are read back as int8. Scores are the int8 cosines, within ~1e-3 of the exact ones, except
+near the 10th best, where the few rows that int8 errors could put on the wrong side are rescored from vec0's
+float32 vectors (:func:`_exact_border`); tests/test_vector_codes.py checks recall@10
 against exact float search, scripts/bench_scale.py measures it at 100k-10M. Sessions larger still,
 and searches across all sessions when they hold more than ``max_vectors``, return None and the
 caller queries vec0.
@@ -46,7 +48,7 @@ from threadpoolctl import ThreadpoolController
 
 from . import codes
 from .codes import unit as _unit
-from .store import Store
+from .store import Store, vector_blobs
 
 # Near-duplicate checks multiply the batch against the session in slices of at most this many
 # similarities (64 MB of float32), so a 1,000-memory batch into a 100k session stays small.
@@ -62,6 +64,12 @@ RESCORE_PER_HIT = 10
 # at least RECHECK_MIN, RECHECK_PER_HIT per requested hit (4-bit cosines err by ~3e-3, a few hundredths at worst).
 RECHECK_MIN = 200
 RECHECK_PER_HIT = 2
+# The int8 cosines err by up to ~1.4e-3 (1M bench_scale vectors), enough to swap near-ties across the 10th place:
+# recall@10 vs exact 0.987 at 1M. So the rows within BORDER of the EXACT_TOP-th score (or of the last, for
+# fewer hits) are rescored from their float32 vectors in vec0: ~2-4 point look-ups a query, ~0.2 ms each; only
+# those can be on the wrong side of it, the rows above stay in and keep their int8 scores.
+EXACT_TOP = 10
+BORDER = 3e-3
 
 # Products run on one BLAS thread: OpenBLAS workers keep spinning after a multi-threaded product
 # and starve the ONNX query embedding that runs next (notes/design_figures.md), while a product
@@ -217,7 +225,23 @@ class _QuantBlock:
             return ids, np.zeros(0, np.float32)
         matrix = np.frombuffer(b"".join(packed[i] for i in ids.tolist()), np.uint8).reshape(len(ids), -1)
         with _one_blas_thread():
-            return ids, codes.scores(matrix, query, self.centre)
+            scores = codes.scores(matrix, query, self.centre)
+        return ids, _exact_border(conn, ids, scores, query, min(count, EXACT_TOP))
+
+
+def _exact_border(conn, ids: np.ndarray, scores: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
+    """``scores`` with those within BORDER of the ``k``-th best replaced by the exact cosines of the
+    rows' stored float32 vectors (a vector missing keeps its int8 score: the stamp catches that change)."""
+    if k <= 0 or len(ids) <= k:
+        return scores  # every row is returned: which are in the top k does not depend on the scores
+    kth = -np.partition(-scores, k - 1)[k - 1]
+    near = np.flatnonzero(np.abs(scores - kth) <= BORDER)
+    blobs = vector_blobs(conn, ids[near].tolist())
+    for i in near.tolist():
+        blob = blobs.get(int(ids[i]))
+        if blob is not None:
+            scores[i] = _unit(np.frombuffer(blob, np.float32)) @ query
+    return scores
 
 
 def _grown(array: np.ndarray, n: int, capacity: int, width: int) -> np.ndarray:
