@@ -45,11 +45,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+SCRIPTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(SCRIPTS.parent), str(SCRIPTS)]  # this checkout's package, not another editable install
 import bench_engine  # noqa: E402
 import bench_scale  # noqa: E402
 
-SCRIPTS = Path(__file__).resolve().parent
 PARTS = "scale,tc051,ingest,import,serve"
 
 
@@ -68,9 +68,8 @@ def load() -> list[float]:
 
 
 def script(name: str, args: list[str], out: Path) -> dict:
-    """One of the benchmark scripts in a fresh process (this checkout's package first), its --json read back."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTS.parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    subprocess.run([sys.executable, str(SCRIPTS / name), *args, "--json", str(out)], check=True, env=env)
+    """One of the benchmark scripts in a fresh process, its --json read back."""
+    subprocess.run([sys.executable, str(SCRIPTS / name), *args, "--json", str(out)], check=True)
     return json.loads(out.read_text())
 
 
@@ -238,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     if "tc051" in parts and args.tc051_point not in points:
         parser.error(f"--tc051-point {args.tc051_point} is not among the --point names {sorted(points)}")
     args.workdir.mkdir(parents=True, exist_ok=True)
+    # Every process started here (points, scripts) imports this checkout's package too.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SCRIPTS.parent), os.environ.get("PYTHONPATH")]))
     commit = subprocess.run(["git", "-C", str(SCRIPTS.parent), "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
     results: dict = {"command": " ".join(sys.argv if argv is None else ["scripts/bench_scale_suite.py", *argv]),
                      "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "commit": commit, "cpus": os.cpu_count(),
