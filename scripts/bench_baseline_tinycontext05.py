@@ -140,10 +140,11 @@ def native_vec() -> bool:
 
 
 def latency(args) -> dict:
-    """Recall p50/p95 of 0.5.1 over the memories in ``--latency`` (a JSON file written by bench_release.py:
-    sessions of texts with their vectors, the same rows our engine is timed on, and fresh queries).
-    Rows go in through 0.5.1's own insert_memories with the vectors given (embedding them with 0.5.1
-    would take an hour); queries go through recall_memories, which embeds each one."""
+    """Recall p50/p95 of 0.5.1 over the memories in ``--latency`` (a JSON file written by bench_release.py
+    or bench_scale_suite.py: sessions of texts with their vectors, the same rows our engine is timed on,
+    warm-up questions and fresh timed ones). Rows go in through 0.5.1's own insert_memories with the
+    vectors given (embedding them with 0.5.1 would take an hour); queries go through recall_memories
+    with its defaults, which embeds each one."""
     import numpy as np
     from tinycontext import MemoryInput, recall_memories, save_memories
     from tinycontext.models import MemoryRow
@@ -168,15 +169,18 @@ def latency(args) -> dict:
                                            embedding=vectors[row + i].tolist(), embedding_model=model_key, embedding_dimensions=vectors.shape[1])
                                  for i, t in enumerate(chunk)])
             row += len(chunk)
-    recall_memories("warm up", session_id=spec["session"], top_k=10, config=config)
-    ms = []
+    for q in spec["warmups"]:
+        recall_memories(q, session_id=spec["session"], config=config)
+    ms, cpu = [], []
     for q in spec["queries"]:
-        started = time.perf_counter()
-        recall_memories(q, session_id=spec["session"], top_k=10, config=config)
+        started, started_cpu = time.perf_counter(), time.process_time()
+        recall_memories(q, session_id=spec["session"], config=config)
         ms.append((time.perf_counter() - started) * 1000)
+        cpu.append((time.process_time() - started_cpu) * 1000)
     shutil.rmtree(work, ignore_errors=True)
-    return {"memories": row, "session": spec["session"], "queries": len(ms), "native_sqlite_vec": native_vec(),
-            "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95))}
+    return {"memories": row, "session": spec["session"], "warmups": len(spec["warmups"]), "queries": len(ms), "native_sqlite_vec": native_vec(),
+            "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+            "cpu_p50_ms": float(np.percentile(cpu, 50)), "cpu_p95_ms": float(np.percentile(cpu, 95))}
 
 
 def main() -> None:

@@ -128,14 +128,18 @@ def bench_locomo_engine(work: Path, convs: list[dict], fmt: str, repeats: int, k
     }
 
 
+def run_tc051(args: list[str], python: Path = BASELINE_PY) -> None:
+    """scripts/bench_baseline_tinycontext05.py with ``args`` in TinyContext 0.5.1's own venv."""
+    subprocess.run([str(python), str(Path(__file__).with_name("bench_baseline_tinycontext05.py")), *args], check=True, env={
+        # Offline: 0.5.1 would download o200k_base and, failing that, silently count characters as tokens.
+        "HF_HUB_OFFLINE": "1", "TIKTOKEN_CACHE_DIR": str(SHARED / "tiktoken" / "cache"), "PATH": "/usr/bin:/bin"})
+
+
 def bench_baseline(work: Path, quick: bool, fmt: str) -> dict:
     if not BASELINE_PY.exists():
         return {"error": f"{BASELINE_PY} missing: create the 0.5.1 venv (see scripts/bench_baseline_tinycontext05.py)"}
     out = work / "baseline.json"
-    cmd = [str(BASELINE_PY), str(Path(__file__).with_name("bench_baseline_tinycontext05.py")), "--out", str(out), "--format", fmt]
-    subprocess.run(cmd + (["--quick"] if quick else []), check=True, env={
-        # Offline: 0.5.1 would download o200k_base and, failing that, silently count characters as tokens.
-        "HF_HUB_OFFLINE": "1", "TIKTOKEN_CACHE_DIR": str(SHARED / "tiktoken" / "cache"), "PATH": "/usr/bin:/bin"})
+    run_tc051(["--out", str(out), "--format", fmt] + (["--quick"] if quick else []))
     data = json.loads(out.read_text())
     convs = data["conversations"].values()
     return {

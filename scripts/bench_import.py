@@ -87,12 +87,16 @@ def main() -> None:
     parser.add_argument("mode", choices=("build", "import", "profile"))
     parser.add_argument("--memories", type=int, default=20_000)
     parser.add_argument("--root", type=Path, default=Path("/tmp/scale-data"))
+    parser.add_argument("--json", type=Path, help="import: also write the figures here")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
     if args.mode == "build":
         build(args.root, args.memories)
-    else:
-        print(json.dumps(timed_import(args.root, args.memories, args.mode == "profile")))
+        return
+    result = timed_import(args.root, args.memories, args.mode == "profile")
+    print(json.dumps(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_embed  # noqa: E402
 import bench_engine  # noqa: E402
 import bench_locomo  # noqa: E402
+import bench_scale  # noqa: E402
 import bench_serve  # noqa: E402
 
 PARTS = "embed,ingest,recall,scale,serve,scifact"
@@ -59,15 +59,6 @@ TARGETS = {
 }
 # Issue 9's "no loss elsewhere" figures, measured by the same run.
 TARGETS_ISSUE9 = {"scifact_ndcg@10": (0.725, ">="), "recall_10k_of_50k_p50_ms": (20.0, "<="), "ingest_turns_per_s": (100.0, ">=")}
-
-
-def fresh_queries(seed: int) -> list[str]:
-    """LoCoMo questions and SciFact queries, shuffled; each part takes its own, never reused."""
-    questions = [q["question"] for c in bench_locomo.load() for q in c["qa"]]
-    with open(bench_engine.SCIFACT / "queries.jsonl", encoding="utf-8") as f:
-        questions += [json.loads(line)["text"] for line in f]
-    random.Random(seed).shuffle(questions)
-    return questions
 
 
 def timed_recalls(engine, session: str, queries: list[str]) -> dict:
@@ -134,7 +125,7 @@ def part_recall(work: Path, db100k: Path | None, small: bool) -> dict:
     per = 1000 if small else 10_000
     big = 5000 if small else 100_000
     nq = 30 if small else 200
-    queries = iter(fresh_queries(13))
+    queries = iter(bench_scale.fresh_questions(13))
     pool = bench_engine.real_pool(bench_locomo.load())
     random.Random(7).shuffle(pool)
     pool = pool[:3000]
@@ -152,23 +143,17 @@ def part_recall(work: Path, db100k: Path | None, small: bool) -> dict:
     if bench_engine.BASELINE_PY.exists():
         np.save(work / "tc051-vectors.npy", np.concatenate([v for _, v in rows.values()]))
         spec = {"sessions": {s: c for s, (c, _) in rows.items()}, "vectors": str(work / "tc051-vectors.npy"), "session": "s0",
-                "queries": [next(queries) for _ in range(5 if small else 100)]}
+                "warmups": [next(queries)], "queries": [next(queries) for _ in range(5 if small else 100)]}
         (work / "tc051-latency.json").write_text(json.dumps(spec))
-        subprocess.run([str(bench_engine.BASELINE_PY), str(Path(__file__).with_name("bench_baseline_tinycontext05.py")),
-                        "--latency", str(work / "tc051-latency.json"), "--out", str(work / "tc051-latency-out.json")], check=True,
-                       env={"HF_HUB_OFFLINE": "1", "TIKTOKEN_CACHE_DIR": str(bench_engine.SHARED / "tiktoken" / "cache"), "PATH": "/usr/bin:/bin"})
+        bench_engine.run_tc051(["--latency", str(work / "tc051-latency.json"), "--out", str(work / "tc051-latency-out.json")])
         out["tc051_alone"] = json.loads((work / "tc051-latency-out.json").read_text())
     return out
 
 
-def part_scale(work: Path, db1m: Path, small: bool) -> dict:
+def part_scale(db1m: Path, small: bool) -> dict:
     if not (db1m / "scale.db").exists():
         return {"error": f"{db1m / 'scale.db'} missing: build it first with scripts/bench_scale.py --workdir {db1m}"}
-    out = work / "scale.json"
-    subprocess.run([sys.executable, str(Path(__file__).with_name("bench_scale.py")), "--reuse", "--workdir", str(db1m),
-                    "--queries", "20" if small else "100", "--exact", "10" if small else "50", "--json", str(out)],
-                   check=True, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())["recall"]
+    return bench_scale.fresh_measure(db1m, 20 if small else 100, 10 if small else 50)
 
 
 def part_scifact(work: Path, small: bool) -> dict:
@@ -282,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "loadavg_start": os.getloadavg(), "small": args.small, "part_s": {}}
     runners = {"embed": lambda: part_embed(args.small), "ingest": lambda: part_ingest(args.workdir, args.small),
                "recall": lambda: part_recall(args.workdir, args.db100k, args.small),
-               "scale": lambda: part_scale(args.workdir, args.db1m, args.small),
+               "scale": lambda: part_scale(args.db1m, args.small),
                "serve": lambda: bench_serve.run(2.0 if args.small else 5.0, [1, 4, 16], 1000, "fast", ["rest", "mcp"], list(bench_serve.MIXES)),
                "scifact": lambda: part_scifact(args.workdir, args.small)}
     for part in parts:

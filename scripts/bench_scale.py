@@ -14,10 +14,13 @@ twice do not tie exactly). Text and vector are imported together through
 ``MemoryEngine.import_memories`` (the documented bulk path: vectors reused, nothing re-embedded) in
 calls of 1,000, with ``dedup_mode="off"``. The build resumes where an earlier run stopped.
 
-Recall is measured in a fresh process (so RSS is what recall needs): the first recall (loads the
-session's sign bits), then fresh queries (LoCoMo questions and SciFact queries, embedded by the real
-model): recall() p50/p95 with default settings, dense-only and BM25-only, RSS, DB size, and the
-recall@10 of the two-stage dense search against exact brute force over the stored float32 vectors.
+Recall is measured in a fresh process (so RSS is what recall needs): ``WARMUPS`` warm-up recalls (the
+first, timed as ``first_recall_s``, loads the model and the session's codes), then fresh queries
+(LoCoMo questions and SciFact queries, embedded by the real model; warm-ups and timed queries never
+repeat one): recall() p50/p95 with default settings, dense-only and BM25-only, RSS, DB size, and the
+recall@10 of the two-stage dense search against exact brute force over the stored float32 vectors
+(``--exact 0`` skips it). scripts/bench_scale_suite.py runs every point, TinyContext 0.5.1 on the
+10k point's memories and questions, and the ingest, import and serving benchmarks in one command.
 """
 
 from __future__ import annotations
@@ -122,20 +125,43 @@ class PoolEmbedder:
         raise AssertionError("the bulk import must not embed documents")
 
 
-def exact_top(work: Path, queries: np.ndarray, k: int) -> list[list[int]]:
-    """Brute force over every stored float32 vector of the session (read in slices)."""
+def read_only(work: Path):
+    """A read-only connection to the point's database with sqlite-vec loaded (vec0 tables readable)."""
     import sqlite_vec
     import sqlean
 
-    conn = sqlean.connect(str(work / "scale.db"))
+    conn = sqlean.connect(f"file:{work / 'scale.db'}?mode=ro", uri=True)
     conn.enable_load_extension(True)
     sqlite_vec.load(conn)
+    return conn
+
+
+def stored_vectors(conn, rows_per_slice: int = 50_000):
+    """The session's stored float32 vectors as (ids, matrix) slices."""
+    cursor = conn.execute("SELECT memory_id, embedding FROM memory_vectors WHERE session_id = ?", (SESSION,))
+    while rows := cursor.fetchmany(rows_per_slice):
+        yield np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), np.float32).reshape(len(rows), -1)
+
+
+def stored_memories(work: Path) -> tuple[list[str], np.ndarray]:
+    """Every memory of the session (text, stored vector) in id order: the workload another engine is given."""
+    conn = read_only(work)
+    try:
+        slices = list(stored_vectors(conn))
+        texts = dict(conn.execute("SELECT id, content FROM memories WHERE session_id = ?", (SESSION,)))
+    finally:
+        conn.close()
+    ids = np.concatenate([i for i, _ in slices])
+    order = np.argsort(ids)
+    return [texts[int(i)] for i in ids[order]], np.concatenate([m for _, m in slices])[order]
+
+
+def exact_top(work: Path, queries: np.ndarray, k: int) -> list[list[int]]:
+    """Brute force over every stored float32 vector of the session (read in slices)."""
     best_ids = np.zeros((len(queries), 0), np.int64)
     best_scores = np.zeros((len(queries), 0), np.float32)
-    cursor = conn.execute("SELECT memory_id, embedding FROM memory_vectors WHERE session_id = ?", (SESSION,))
-    while rows := cursor.fetchmany(50_000):
-        ids = np.array([r[0] for r in rows], np.int64)
-        mat = np.frombuffer(b"".join(r[1] for r in rows), np.float32).reshape(len(rows), -1)
+    conn = read_only(work)
+    for ids, mat in stored_vectors(conn):
         mat = mat / np.linalg.norm(mat, axis=1, keepdims=True)
         scores = queries @ mat.T
         best_ids = np.concatenate([best_ids, np.broadcast_to(ids, scores.shape)], axis=1)
@@ -147,21 +173,39 @@ def exact_top(work: Path, queries: np.ndarray, k: int) -> list[list[int]]:
     return best_ids.tolist()
 
 
-def measure(work: Path, queries_n: int, exact_n: int, cache_max: int) -> dict:
-    cfg = config(work, vector_cache_max=cache_max)
-    rng = random.Random(5)
+def fresh_questions(seed: int) -> list[str]:
+    """LoCoMo questions and SciFact queries, shuffled; each measurement takes its own, never reused."""
     questions = [q["question"] for c in bench_locomo.load() for q in c["qa"]]
     with open(bench_engine.SCIFACT / "queries.jsonl", encoding="utf-8") as f:
         questions += [json.loads(line)["text"] for line in f]
-    rng.shuffle(questions)
+    random.Random(seed).shuffle(questions)
+    return questions
+
+
+QUESTION_SEED = 5
+WARMUPS = 5
+
+
+def warmup_and_timed_questions(queries_n: int) -> tuple[list[str], list[str]]:
+    """The warm-ups (the list's last ``WARMUPS``) and the default-setting timed questions (its first
+    ``queries_n``) of a measurement: what another engine is timed on to compare with this point."""
+    questions = fresh_questions(QUESTION_SEED)
+    return questions[-WARMUPS:], questions[:queries_n]
+
+
+def measure(work: Path, queries_n: int, exact_n: int, cache_max: int) -> dict:
+    cfg = config(work, vector_cache_max=cache_max)
+    questions = fresh_questions(QUESTION_SEED)
     out = {"db_mb": sum(p.stat().st_size for p in work.glob("scale.db*")) / 2**20, "rss_mb_open": None}
     with MemoryEngine(cfg) as engine:
         out["rss_mb_open"] = rss_mb()
-        t = time.perf_counter()
-        engine.recall("warm up: load the model and the quantised copy", session_id=SESSION)
-        out["first_recall_s"] = time.perf_counter() - t
+        for i, q in enumerate(questions[-WARMUPS:]):
+            t = time.perf_counter()
+            engine.recall(q, session_id=SESSION)
+            if i == 0:  # loads the model and the session's quantised copy
+                out["first_recall_s"] = time.perf_counter() - t
         out["rss_mb_loaded"] = rss_mb()
-        fresh = iter(questions)
+        fresh = iter(questions[:-WARMUPS])
         for name, weight in (("default", None), ("dense_only", 1.0), ("bm25_only", 0.0)):
             ms, cpu_ms = [], []
             for _ in range(queries_n):
@@ -177,14 +221,25 @@ def measure(work: Path, queries_n: int, exact_n: int, cache_max: int) -> dict:
         out["rss_mb_after"] = rss_mb()
         out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         out["quantized_vectors"] = engine.index.quantized_size
+        out["memories"] = engine.store.read("SELECT count(*) FROM memories WHERE session_id = ?", (SESSION,))[0][0]
+        out["exact_queries"] = exact_n
+        if not exact_n:
+            return out
         sample = [next(fresh) for _ in range(exact_n)]
         qv = np.stack([engine.embedder.embed_query(q) for q in sample])
         qv /= np.linalg.norm(qv, axis=1, keepdims=True)
         got = [[i for i, _ in engine.candidate_search.dense(q, SESSION, [], 10)] for q in sample]
     want = exact_top(work, qv, 10)
     out["dense_recall@10_vs_exact"] = statistics.mean(len(set(g) & set(w)) / 10 for g, w in zip(got, want))
-    out["exact_queries"] = exact_n
     return out
+
+
+def fresh_measure(work: Path, queries_n: int, exact_n: int, cache_max: int | None = None) -> dict:
+    """``measure`` in a fresh process, so RSS and first-recall time are a recall process's own."""
+    cache_max = TinyContextConfig().vector_cache_max if cache_max is None else cache_max
+    proc = subprocess.run([sys.executable, __file__, "--measure-only", "--workdir", str(work), "--queries", str(queries_n),
+                           "--exact", str(exact_n), "--cache-max", str(cache_max)], check=True, capture_output=True, text=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -194,7 +249,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--reuse", action="store_true", help="measure the database already in --workdir")
     parser.add_argument("--queries", type=int, default=100, help="fresh queries per recall setting")
-    parser.add_argument("--exact", type=int, default=50, help="queries checked against exact search")
+    parser.add_argument("--exact", type=int, default=50, help="queries checked against exact search (0: none)")
     parser.add_argument("--cache-max", type=int, default=TinyContextConfig().vector_cache_max,
                         help="vector_cache_max for recall (sessions above it are held quantised)")
     parser.add_argument("--json", type=Path)
@@ -208,9 +263,7 @@ def main() -> None:
     if not args.reuse:
         result["build"] = build(args.workdir, args.memories, args.batch)
         print(json.dumps(result["build"]), flush=True)
-    proc = subprocess.run([sys.executable, __file__, "--measure-only", "--workdir", str(args.workdir), "--queries", str(args.queries),
-                           "--exact", str(args.exact), "--cache-max", str(args.cache_max)], check=True, capture_output=True, text=True)
-    result["recall"] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["recall"] = fresh_measure(args.workdir, args.queries, args.exact, args.cache_max)
     result["loadavg_end"] = os.getloadavg()
     print(json.dumps(result, indent=2))
     if args.json:
