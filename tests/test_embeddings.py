@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from tinycontext.models.backends import same_embedder
+from tinycontext.models.identity import same_embedder
 from tinycontext.models.embedder import INT8_GRAPH, Embedder
 from tinycontext.errors import ModelUnavailableError
 from tinycontext.models.hub import BUILTIN_REVISION, BUILTIN_SHA256, builtin_bundle, resolve_model

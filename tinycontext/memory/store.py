@@ -17,7 +17,7 @@ import numpy as np
 from . import codes
 from ..retrieval.conversation import EMBEDDING_COLUMNS, stored_embedding_text
 from ..errors import ModelMismatchError, StorageError
-from ..models.backends import same_embedder
+from ..models.identity import same_embedder
 from ..sqlite import sqlite_driver
 from .schema import MIGRATIONS, SCHEMA_VERSION, split_sql  # noqa: F401  (MIGRATIONS: also read from here)
 

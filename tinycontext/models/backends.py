@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "tinycontext.embedders"
 NO_MODEL = "none"  # embedding_backend for keyword-only mode
-# The identity key naming the graph documents were embedded on (models/embedder.py); absent: float32.
-DOCUMENT_GRAPH = "document_graph"
 log = logging.getLogger(__name__)
 
 
@@ -42,14 +40,6 @@ class EmbedderProtocol(Protocol):
     def embed_query(self, text: str) -> np.ndarray: ...
 
     def embed_documents(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray: ...
-
-
-def same_embedder(stored: dict | None, identity: dict) -> bool:
-    """Whether vectors recorded under ``stored`` are ``identity``'s. Facts recorded only by newer
-    versions (the model file's sha256, max_tokens) may be missing from ``stored``: what it has must match.
-    A missing document graph is not one of them: it means the float32 graph (models/embedder.py)."""
-    return (stored is not None and set(stored) <= set(identity) and all(stored[k] == identity[k] for k in stored)
-            and stored.get(DOCUMENT_GRAPH) == identity.get(DOCUMENT_GRAPH))
 
 
 Factory = Callable[["TinyContextConfig"], EmbedderProtocol]

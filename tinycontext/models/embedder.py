@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from .. import telemetry
 from ..errors import ModelUnavailableError
-from .backends import DOCUMENT_GRAPH, same_embedder
+from .identity import DOCUMENT_GRAPH, same_embedder
 from .checksum import file_sha256
 from .int8_graph import REWRITE_VERSION, int8_compute_graph
 from .vector_cache import VectorCache
