@@ -41,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +101,8 @@ def tc051_latency(work: Path, i: int, python: Path) -> dict:
 def part_tc051(work: Path, point: Path, queries: int, passes: int, python: Path) -> dict:
     if not python.exists():
         return {"error": f"{python} missing: create the 0.5.1 venv (see this script's docstring)"}
+    if not (point / "scale.db").exists():
+        return {"error": f"{point / 'scale.db'} missing: 0.5.1 is timed on that point's memories"}
     warmups, questions = bench_scale.warmup_and_timed_questions(queries)
     texts, vectors = bench_scale.stored_memories(point)
     np.save(work / "tc051-vectors.npy", vectors)
@@ -159,7 +162,8 @@ def table(results: dict) -> str:
             build = "not recorded"
             if b and b.get("imports_per_s"):
                 build = f"{b['import_s']:.0f} s, {b['imports_per_s']:,.0f}/s" + (
-                    f" (resumed: {b['imported_now']:,} of {b['memories']:,} in that run)" if b["imported_now"] != b["memories"] else "")
+                    f" (resumed: {b['imported_now']:,} of {b['memories']:,} in that run)" if b["imported_now"] != b["memories"] else "") + (
+                    f" (**record of {b['memories']:,} memories**)" if b["memories"] != r["memories"] else "")
             cells = [f"{r[f'recall_{k}_ms']['p50']:.1f} / {r[f'recall_{k}_ms']['p95']:.1f} ({r[f'recall_{k}_ms']['cpu_p50']:.1f})"
                      for k in ("default", "dense_only", "bm25_only")]
             exact = (f"{r['dense_recall@10_vs_exact']:.3f} ({r['exact_queries']} q)" if "dense_recall@10_vs_exact" in r else "not checked")
@@ -234,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parts = args.only.split(",")
     if unknown := set(parts) - set(PARTS.split(",")):
         parser.error(f"unknown parts {sorted(unknown)}")
+    if missing := [str(f) for f in records.values() if not f.is_file()]:
+        parser.error(f"--build-record files missing: {missing}")
     if "tc051" in parts and args.tc051_point not in points:
         parser.error(f"--tc051-point {args.tc051_point} is not among the --point names {sorted(points)}")
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -260,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
             tail = (exc.stderr or "").strip().splitlines()[-3:] if isinstance(exc.stderr, str) else []
             results[part] = {"error": f"{' '.join(map(str, exc.cmd))[:200]} exited {exc.returncode}" + (": " + " / ".join(tail) if tail else "")}
+        except Exception as exc:  # noqa: BLE001 - an unattended run keeps the other parts; the traceback goes to stderr
+            failed = True
+            traceback.print_exc()
+            results[part] = {"error": f"{type(exc).__name__}: {exc}"}
         # A missing database or venv is recorded in the part (or its point) and fails the run as well.
         failed = failed or "error" in results[part] or any("error" in v for v in results[part].get("points", {}).values())
         print(f"{part}: {results[part]['part_wall_s'] if 'part_wall_s' in results[part] else 'failed'} s, load {load()[0]:.2f}", flush=True)

@@ -58,7 +58,10 @@ def test_a_failed_part_is_shown_and_the_others_still_are(run):
     run["serve"] = {"error": "scripts/bench_serve.py exited 1", "loadavg_before": [1.0], "loadavg_after": [1.0]}
     name = next(iter(run["scale"]["points"]))
     run["scale"]["points"][name] = {"error": "scale.db missing"}
+    other = list(run["scale"]["points"])[1]
+    run["scale"]["points"][other]["memories"] -= 1  # measured a database the build record does not describe
     text = bench_scale_suite.table(run)
     assert "Serving (scripts/bench_serve.py): scripts/bench_serve.py exited 1" in text
     assert _rows(text, name)[0][1] == "scale.db missing"
+    assert f"**record of {run['scale']['points'][other]['build']['memories']:,} memories**" in _rows(text, other)[0][3]
     assert _rows(text, "1")  # the ingest round is still there
