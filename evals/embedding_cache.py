@@ -96,9 +96,9 @@ class CachedEmbedder:
 
     def embed(self, texts: Sequence[str], kind: str, *, progress: bool = False) -> np.ndarray:
         prefix = self.inner.query_prefix if kind == "query" else self.inner.document_prefix
-        # A query computed otherwise than a document (Embedder.query_recipe: the int8 graph) has its own
-        # vector for the same text; documents keep the plain key, so their cached vectors stay valid.
-        recipe = getattr(self.inner, "query_recipe", "") if kind == "query" else ""
+        # A vector computed on the int8 graph (Embedder.recipe) differs from the float32 one of the same
+        # text; the float32 graph keeps the plain key, so vectors cached before the int8 graph stay valid.
+        recipe = self.inner.recipe(kind) if hasattr(self.inner, "recipe") else ""
         keys = [hashlib.sha256((f"{recipe}\0{prefix}{t}" if recipe else prefix + t).encode("utf-8")).hexdigest() for t in texts]
         found = self._lookup(set(keys))
         if self.refresh is not None:

@@ -4,8 +4,9 @@ fp32 onnxruntime embedding the same calls, in the same run.
     python scripts/bench_ingest.py                       # 2 rounds over the first --turns turns
     python scripts/bench_ingest.py --turns 800 --rounds 1 --profile   # the save path under cProfile
 
-Ours: ``MemoryEngine.save`` with default settings (built-in model, dedup on), a fresh database per
-round, one warm-up save before timing, each LoCoMo conversation into its own new session, its turns
+Ours: ``MemoryEngine.save`` with default settings (built-in model, dedup on, documents on the float32
+graph), and again with ``embedding_int8_documents`` on (documents on the int8 graph), a fresh database
+per round, one warm-up save before timing, each LoCoMo conversation into its own new session, its turns
 ("Speaker: text", in order) in calls of ``--per-call``. The baselines embed exactly the same calls and
 store nothing: the fp32 MiniLM from ../shared in an ``onnxruntime.InferenceSession`` with default
 options (ORT's own intra-op threads), batches of at most 32 in the call's order, mean pooling,
@@ -86,9 +87,9 @@ def run_baseline(work: list[tuple[str, list[str]]], padding: str) -> dict:
     return {"turns": n, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "turns_per_s": round(n / wall, 1)}
 
 
-def run_ours(work: list[tuple[str, list[str]]], root: Path, profile: bool) -> dict:
+def run_ours(work: list[tuple[str, list[str]]], root: Path, profile: bool, **settings) -> dict:
     db = root / f"ingest-{time.monotonic_ns()}.db"
-    config = TinyContextConfig(memory_db_path=db, models_dir=root / "models")
+    config = TinyContextConfig(memory_db_path=db, models_dir=root / "models", **settings)
     with MemoryEngine(config) as engine:
         engine.save(["warm-up"], session_id="warm-up")  # loads the model and binds it before timing
         profiler = cProfile.Profile() if profile else None
@@ -125,9 +126,11 @@ def main() -> None:
             if args.profile:
                 result["rounds"].append({"ours": run_ours(work, root, True)})
                 continue
-            row = {"ort_pad128": run_baseline(work, "pad128"), "ort_longest": run_baseline(work, "longest"), "ours": run_ours(work, root, False)}
+            row = {"ort_pad128": run_baseline(work, "pad128"), "ort_longest": run_baseline(work, "longest"), "ours": run_ours(work, root, False),
+                   "ours_int8_documents": run_ours(work, root, False, embedding_int8_documents=True)}
             for name in ("ort_pad128", "ort_longest"):
                 row[f"ratio_vs_{name}"] = round(row["ours"]["turns_per_s"] / row[name]["turns_per_s"], 2)
+                row[f"ratio_int8_documents_vs_{name}"] = round(row["ours_int8_documents"]["turns_per_s"] / row[name]["turns_per_s"], 2)
             result["rounds"].append(row)
             print(json.dumps(row), flush=True)
     finally:

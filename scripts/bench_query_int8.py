@@ -67,7 +67,7 @@ def speed(texts: list[str]) -> dict:
     out = {name: {"wall_p50_ms": 1e3 * statistics.median(w), "wall_p95_ms": 1e3 * float(np.percentile(w, 95)),
                   "thread_cpu_p50_ms": 1e3 * statistics.median(c)} for name, (w, c) in times.items()}
     out |= {"queries": len(texts), "cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
-            "batch_vs_alone_max_abs": float(np.abs(together - alone).max()), "query_recipe": int8.query_recipe}
+            "batch_vs_alone_max_abs": float(np.abs(together - alone).max()), "query_recipe": int8.recipe("query")}
     return out
 
 

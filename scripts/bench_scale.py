@@ -59,7 +59,9 @@ def config(work: Path, **extra) -> TinyContextConfig:
 
 
 def real_embedder(cfg: TinyContextConfig) -> Embedder:
-    return Embedder(resolve_model(cfg.embedding_model, cfg.models_dir), cache_size=0)
+    # Documents pinned to the float32 graph (whatever the default): the pool's vectors (pool-vectors.npy,
+    # kept across builds) and the built databases were made on it, so those stay reusable.
+    return Embedder(resolve_model(cfg.embedding_model, cfg.models_dir), cache_size=0, int8_documents=False)
 
 
 POOL_MAX = 20_000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -62,6 +63,22 @@ def test_same_tools_as_stdio_and_real_recall_over_http(mcp_config):
     assert {m["session_id"] for m in isolated.structuredContent["memories"]} <= {"work"}
     assert missing.isError and missing.content[0].text.startswith("memory_not_found: ") and missing.structuredContent is None
     assert budget.isError and budget.content[0].text.startswith("recall_budget: ") and budget.structuredContent is None
+
+
+def test_a_client_closing_its_session_logs_no_error(mcp_config, caplog):
+    """An SDK client ends its session with DELETE; the SDK's server then logged a ClosedResourceError
+    traceback from the session's SSE writer for every client (79 in one bench_serve run). Filtered: it
+    is the normal end of a session."""
+
+    async def calls(session: ClientSession):
+        return await session.call_tool("recall_memories", {"query": "anything"})
+
+    with caplog.at_level(logging.DEBUG, logger="mcp.server.streamable_http"):
+        with background(mcp_app(ServeSettings(), mcp_config)) as base:
+            for _ in range(3):
+                assert not anyio.run(_session_calls, base + "/mcp", None, calls).isError
+    assert sum("Terminating session" in r.getMessage() for r in caplog.records) == 3  # the sessions did end by DELETE
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def test_token_required_on_mcp_endpoint(mcp_config):

@@ -14,6 +14,8 @@ from conftest import HashEmbedder
 from tinycontext import MemoryEngine, ModelMismatchError, StorageError, TinyContextConfig
 from tinycontext.memory.engine import _content_hash
 from tinycontext.memory.store import BUSY_TIMEOUT_MS, SCHEMA_VERSION, Store, now_iso
+from tinycontext.models.embedder import Embedder
+from tinycontext.models.hub import builtin_bundle
 
 
 def pragma(store: Store, name: str):
@@ -203,6 +205,43 @@ def test_reindex_embeds_what_save_embeds(tmp_path, real_embedder):
             engine.save([turn])
         with MemoryEngine(config(name, reindex="auto"), embedder=real_embedder) as engine:
             assert engine.reindexed == 1 and np.allclose(vector(engine), fresh, atol=1e-6), name
+
+
+def test_a_database_keeps_its_document_graph_until_reindex(tmp_path):
+    """With embedding_int8_documents on, a new database's documents are embedded on the int8 graph; one
+    whose vectors came from the float32 graph (every database from before) is not re-embedded on open and
+    keeps float32 for new saves, until `reindex` converts it; either way round. The embedder passed in is
+    not changed (it may serve other databases)."""
+    texts = ["Caroline adopted a puppy in May.", "Melanie painted a sunrise over the lake.", "The router password was reset."]
+    float32 = Embedder(builtin_bundle(), cache_size=0)
+    int8 = Embedder(builtin_bundle(), cache_size=0, int8_documents=True)
+    configured = Embedder(builtin_bundle(), int8_documents=True)
+    config = TinyContextConfig(memory_db_path=tmp_path / "old.db", models_dir=tmp_path / "models")
+
+    def vectors(engine):
+        rows = engine.store.read("SELECT memory_id, embedding FROM memory_vectors ORDER BY memory_id")
+        return np.stack([np.frombuffer(blob, np.float32) for _, blob in rows])
+
+    with MemoryEngine(config, embedder=float32) as engine:
+        engine.save(texts[:2])
+    with MemoryEngine(config, embedder=configured) as engine:
+        engine.save(texts[2:])
+        assert engine.reindexed == 0 and engine.stats()["embedder"] == float32.identity
+        assert np.array_equal(vectors(engine), float32.embed_documents(texts))
+        assert engine.recall(texts[1], top_k=1)["memories"][0]["content"] == texts[1]
+        assert configured.identity == int8.identity
+        assert engine.reindex() == 3 and engine.stats()["embedder"] == int8.identity
+        assert np.array_equal(vectors(engine), int8.embed_documents(texts))
+        assert engine.recall(texts[1], top_k=1)["memories"][0]["content"] == texts[1]
+    with MemoryEngine(config, embedder=float32) as engine:  # now an int8 database: followed, not re-embedded
+        engine.save(["A fourth memory about the lake."])
+        assert engine.reindexed == 0 and engine.stats()["embedder"] == int8.identity
+        assert np.array_equal(vectors(engine)[-1], int8.embed_documents(["A fourth memory about the lake."])[0])
+    for name, embedder in (("new-int8.db", configured), ("new-default.db", float32)):
+        with MemoryEngine(config.model_copy(update={"memory_db_path": tmp_path / name}), embedder=embedder) as engine:
+            engine.save(texts[:1])
+            assert engine.stats()["embedder"] == embedder.identity
+            assert np.array_equal(vectors(engine), embedder.embed_documents(texts[:1]))
 
 
 def test_empty_database_rebinds_without_complaint(config):

@@ -101,8 +101,11 @@ class TinyContextConfig(BaseModel):
     # Threads embedding batches in parallel, one ONNX thread each (0: one per CPU).
     embedding_threads: int = Field(0, ge=0, le=256)
     # Queries on the model rewritten to int8 arithmetic where its weights are int8 (the built-in model):
-    # ~2x faster for a short query, cosine >= 0.996 to the float32 query vector; documents stay float32 (notes/bench_scale.md).
+    # ~2x faster for a short query, cosine >= 0.996 to the float32 query vector (notes/bench_scale.md).
     embedding_int8_queries: bool = True
+    # Documents (stored vectors) of a new database on the same int8 graph: faster saves, SciFact train nDCG@10 -0.002
+    # (notes/bench_scale.md). A database keeps the graph its vectors came from; `tinycontext reindex` converts it.
+    embedding_int8_documents: bool = False
     recall_top_k: int = Field(10, ge=1, le=1000)
     recall_max_tokens: int = Field(2000, ge=1, le=1_000_000)
     recall_candidates: int = Field(100, ge=1, le=10_000)

@@ -275,10 +275,11 @@ def stats(args):
 
 @command("reindex", "re-embed every memory with the configured embedding model", add_json)
 def reindex(args):
-    with open_engine(args, reindex="auto") as engine:
+    with open_engine(args) as engine:
+        reindexed = engine.reindex()
         if engine.embedder is None:
             raise ModelUnavailableError(f"Nothing to re-embed with: {engine.keyword_reason}. Configure an embedding model first.")
-        result = {"reindexed": engine.reindexed, "embedder": engine.embedder.identity}
+        result = {"reindexed": reindexed, "embedder": engine.embedder.identity}
     model = result["embedder"]["model"]
     text = f"Re-embedded {plural(result['reindexed'], 'memory', 'memories')} with {model}." if result["reindexed"] else f"Vectors already match {model}; nothing to re-embed."
     emit(args, result, text)

@@ -80,13 +80,22 @@ class MemoryEngine:
                     if self._embedder is _UNOPENED:
                         # None: keyword-only (no model configured, or unavailable and keyword_fallback allows it).
                         self._embedder, self.keyword_reason = backends.open_embedder(self.config)
-                    self._reindexed = keyword.bind(self.store, self.config, self._embedder)
+                    self._embedder, self._reindexed = keyword.bind(self.store, self.config, self._embedder)
         return self._embedder
 
     @property
     def reindexed(self) -> int:
         """How many memories binding the embedder (re-)embedded (reindex='auto')."""
         _ = self.embedder
+        return self._reindexed
+
+    def reindex(self) -> int:
+        """Re-embed every memory whose vector the configured embedder would make otherwise (another
+        model, or the other document graph of the built-in model); returns how many."""
+        with self._bind_lock:
+            if self._embedder is _UNOPENED:
+                self._embedder, self.keyword_reason = backends.open_embedder(self.config)
+            self._embedder, self._reindexed = keyword.bind(self.store, self.config, self._embedder, convert=True)
         return self._reindexed
 
     @property

@@ -27,19 +27,29 @@ log = logging.getLogger(__name__)
 BACKFILL_BATCH = 512
 
 
-def bind(store: "Store", config: "TinyContextConfig", embedder: "EmbedderProtocol | None") -> int:
-    """Make the stored vectors fit ``embedder`` (None: keyword-only); how many memories were embedded.
+def bind(store: "Store", config: "TinyContextConfig", embedder: "EmbedderProtocol | None", *,
+         convert: bool = False) -> tuple["EmbedderProtocol | None", int]:
+    """Make the stored vectors fit ``embedder`` (None: keyword-only); the embedder to use and how many
+    memories were embedded.
 
+    An embedder that can embed documents on more than one graph (``documents_like``: the built-in
+    model's float32 and int8 graphs) keeps the one the database's vectors came from, so no database
+    is re-embedded for it; ``convert`` re-embeds onto the configured one instead (`tinycontext reindex`).
     Raises model_mismatch when the database was built by another model and ``config.reindex`` is not
-    'auto'. With 'auto', memories saved while no model was available get their vectors too."""
+    'auto' (``convert``: always 'auto'). With 'auto', memories saved while no model was available get
+    their vectors too."""
     if embedder is None:
         ensure_vector_table(store)
-        return 0
-    embedded = store.bind_embedder(embedder.identity, reindex=config.reindex,
+        return None, 0
+    follow = getattr(embedder, "documents_like", None)
+    if follow is not None:
+        embedder = follow(None if convert else store.stored_identity())
+    reindex = "auto" if convert else config.reindex
+    embedded = store.bind_embedder(embedder.identity, reindex=reindex,
                                    embed_all=lambda texts: embedder.embed_documents(texts, progress=True))
-    if config.reindex == "auto":
+    if reindex == "auto":
         embedded += backfill(store, embedder)
-    return embedded
+    return embedder, embedded
 
 
 def instructions_note(config: "TinyContextConfig") -> str:

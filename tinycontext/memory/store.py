@@ -17,6 +17,7 @@ import numpy as np
 from . import codes
 from ..retrieval.conversation import EMBEDDING_COLUMNS, stored_embedding_text
 from ..errors import ModelMismatchError, StorageError
+from ..models.identity import same_embedder
 from ..sqlite import sqlite_driver
 from .schema import MIGRATIONS, SCHEMA_VERSION, split_sql  # noqa: F401  (MIGRATIONS: also read from here)
 
@@ -463,12 +464,6 @@ def make_folder(path: Path, what: str, fix: str) -> None:
     except OSError as exc:  # permissions, a read-only file system
         raise StorageError(f"Cannot create the folder {folder} for {what}: {exc.strerror or exc}. {fix} a writable place, "
                            "or fix the folder's permissions.") from exc
-
-
-def same_embedder(stored: dict | None, identity: dict) -> bool:
-    """Whether vectors recorded under ``stored`` are ``identity``'s. Facts recorded only by newer
-    versions (the model file's sha256, max_tokens) may be missing from ``stored``: what it has must match."""
-    return stored is not None and set(stored) <= set(identity) and all(stored[k] == identity[k] for k in stored)
 
 
 # SQLite's primary result codes (the low byte of an extended code).

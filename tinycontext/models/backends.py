@@ -88,7 +88,8 @@ def _onnx(config: "TinyContextConfig") -> EmbedderProtocol:
     bundle = resolve_model(config.embedding_model, config.models_dir)
     return Embedder(bundle, batch_size=config.embedding_batch_size, cache_size=config.embedding_cache_size,
                     query_prefix=config.dense_query_prefix, document_prefix=config.dense_document_prefix,
-                    threads=config.embedding_threads, int8_queries=config.embedding_int8_queries)
+                    threads=config.embedding_threads, int8_queries=config.embedding_int8_queries,
+                    int8_documents=config.embedding_int8_documents)
 
 
 def _remote(wire: str) -> Factory:

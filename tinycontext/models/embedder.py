@@ -8,6 +8,7 @@ most CPU time goes otherwise.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import threading
@@ -21,6 +22,7 @@ from tqdm.auto import tqdm
 
 from .. import telemetry
 from ..errors import ModelUnavailableError
+from .identity import DOCUMENT_GRAPH, same_embedder
 from .checksum import file_sha256
 from .int8_graph import REWRITE_VERSION, int8_compute_graph
 from .vector_cache import VectorCache
@@ -38,6 +40,9 @@ DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 # (evals.embedding_cache) key on it rather than on this file's text, so other edits keep them.
 # tests/test_evals_metrics.py pins the real model's vectors to it.
 VECTOR_RECIPE = 1
+# The int8-compute graph's name: recorded in a database's embedder identity under DOCUMENT_GRAPH when
+# its vectors were made on it (absent: the model's own float32 graph, as in every older database).
+INT8_GRAPH = f"int8-token-rows-{REWRITE_VERSION}"
 
 
 def cpu_count() -> int:
@@ -131,7 +136,7 @@ class Embedder:
 
     def __init__(self, bundle: ModelBundle, *, batch_size: int = 32, cache_size: int = 4096,
                  query_prefix: str = "", document_prefix: str = "", pooling: str | None = None, threads: int = 0,
-                 int8_queries: bool = True):
+                 int8_queries: bool = True, int8_documents: bool = False):
         self.bundle = bundle
         self.batch_size = batch_size
         # Batches run in parallel, one thread each (0: one per CPU). A single-threaded ONNX run per
@@ -154,17 +159,23 @@ class Embedder:
         self._lock = threading.Lock()
         # Queries run on the model rewritten to int8 arithmetic (models/int8_graph.py) where its weights
         # are int8: ~2x faster for a short query, cosine >= 0.996 to the float32 vector, quality unchanged
-        # (notes/bench_scale.md). Documents keep the float32 graph, so stored vectors do not change; it is
-        # loaded on the first document, so a process that only recalls holds the int8 graph alone.
-        self._query_session = self._session = None
+        # (notes/bench_scale.md). Documents may too (int8_documents: faster saves, SciFact nDCG@10 -0.002);
+        # a database keeps the graph its vectors came from (documents_like). The float32 session is loaded
+        # on first use, so a process that needs only the int8 graph never holds it.
+        self._int8_session = None
+        self._float32: dict = {}  # the float32 graph's session once loaded; shared with documents_like's copies
+        self._int8 = {"query": False, "document": False}
+        self._int8_documents = False  # the configured document graph, for a new database
         if self.pooling == "static":
             self._table = self._load_static_table()
             return
-        graph = self._int8_graph() if int8_queries else None
+        graph = self._int8_graph() if int8_queries or int8_documents else None
         if graph is not None:
-            self._query_session, self._input_names, self._output_names = self._load_onnx(graph)
+            self._int8_session, self._input_names, self._output_names = self._load_onnx(graph)
+            self._int8 = {"query": int8_queries, "document": int8_documents}
+            self._int8_documents = int8_documents
         else:
-            self._session, self._input_names, self._output_names = self._load_onnx()
+            self._float32["session"], self._input_names, self._output_names = self._load_onnx()
 
     @property
     def identity(self) -> dict:
@@ -180,12 +191,29 @@ class Embedder:
             # changed truncation makes different vectors under the same name.
             "sha256": self.bundle.sha256 or file_sha256(self.bundle.model_file),
             "max_tokens": self.bundle.max_tokens,
+            # Only when not the float32 graph, so every database built before the int8 graph keeps its identity.
+            **({DOCUMENT_GRAPH: INT8_GRAPH} if self._int8["document"] else {}),
         }
 
-    @property
-    def query_recipe(self) -> str:
-        """How a query vector is computed when not as a document of the same text is ("": the same)."""
-        return f"int8-token-rows-{REWRITE_VERSION}" if self._query_session is not None else ""
+    def recipe(self, kind: Kind) -> str:
+        """The graph ``kind``'s vectors come from: "" for the model's own, else the rewrite's name."""
+        return INT8_GRAPH if self._int8[kind] else ""
+
+    def documents_like(self, stored: dict | None) -> "Embedder":
+        """This embedder, or a copy of it (sessions, tokenizer and cache shared) embedding documents
+        on the graph a database's recorded identity ``stored`` names when that identity is otherwise
+        this embedder's, so the database's vectors stay comparable without a reindex. None, or another
+        model's identity: the configured graph. The engine calls it when it binds to a database."""
+        graphs = (False, True) if stored is not None and self._int8_session is not None else ()
+        return self._documents_on(next((g for g in graphs if same_embedder(stored, self._documents_on(g).identity)),
+                                       self._int8_documents))
+
+    def _documents_on(self, int8: bool) -> "Embedder":
+        if self._int8["document"] == int8:
+            return self
+        other = copy.copy(self)
+        other._int8 = {**self._int8, "document": int8}
+        return other
 
     def _int8_graph(self) -> bytes | None:
         try:
@@ -197,11 +225,11 @@ class Embedder:
             ) from exc
 
     def _float_session(self):
-        """The float32 graph's session (documents; queries too when there is no int8 graph)."""
+        """The float32 graph's session (whatever does not run on the int8 graph)."""
         with self._lock:
-            if self._session is None:
-                self._session = self._load_onnx()[0]
-            return self._session
+            if "session" not in self._float32:
+                self._float32["session"] = self._load_onnx()[0]
+            return self._float32["session"]
 
     def _load_onnx(self, graph: bytes | None = None):
         import onnxruntime as ort
@@ -251,10 +279,11 @@ class Embedder:
 
     def _embed(self, texts: Sequence[str], kind: Kind, progress: bool, op: telemetry.Operation) -> np.ndarray:
         prefix = self.query_prefix if kind == "query" else self.document_prefix
-        int8 = kind == "query" and self._query_session is not None
-        session = None if self.pooling == "static" else self._query_session if int8 else self._float_session()
-        # Besides the text, the prefix and (for a query on the int8 graph) the graph change a vector.
-        scope = "int8-query" if int8 else None
+        int8 = self._int8[kind]
+        session = None if self.pooling == "static" else self._int8_session if int8 else self._float_session()
+        # Besides the text, the prefix and the graph change a vector (a query and a document of the same
+        # text on the same graph share it).
+        scope = INT8_GRAPH if int8 else None
         out, cached = self._cache.embed([prefix + t for t in texts], self.dimensions,
                                         lambda missing: self._compute(missing, session, progress=progress), scope)
         op.set(cached=cached)

@@ -4,6 +4,7 @@ guard of :mod:`tinycontext.servers.guard` (Host/Origin allow-list, bearer token,
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
@@ -23,6 +24,22 @@ __all__ = ["TRANSPORTS", "ServeSettings", "background", "mcp_app", "rest_app", "
 # Seconds a stopping server waits for open streams (an MCP client's SSE GET) before cancelling them;
 # under `docker stop`'s 10 s so the engines still close cleanly.
 SHUTDOWN_GRACE_S = 5
+
+
+class _SessionEndedFilter(logging.Filter):
+    """Drops the SDK's traceback for a session's standalone SSE stream closed by the session's own end: in
+    mcp 1.x a client's DELETE (every SDK client sends one when it closes) makes ``terminate()`` close that
+    stream under its writer, which then logs ClosedResourceError with a traceback. That is how every
+    session ends, not an error; any other error of the writer is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import anyio
+
+        return not (record.msg == "Error in standalone SSE writer" and record.exc_info is not None
+                    and isinstance(record.exc_info[1], anyio.ClosedResourceError))
+
+
+_SESSION_ENDED = _SessionEndedFilter()
 
 
 def with_management(settings: ServeSettings, config: TinyContextConfig) -> ServeSettings:
@@ -52,6 +69,7 @@ def mcp_app(settings: ServeSettings, config: TinyContextConfig | None = None) ->
     # The guard checks Host and Origin for both apps (one policy); the SDK's own check would be a second one.
     server.settings.transport_security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     app = server.sse_app() if settings.transport == "sse" else server.streamable_http_app()
+    logging.getLogger("mcp.server.streamable_http").addFilter(_SESSION_ENDED)  # once: the same object is not added twice
     # Open the engine (database and model) at server start, not in the first client's session, so
     # the first call is as fast as the tenth. A failure is logged and reported by the first tool call.
     inner = app.router.lifespan_context
