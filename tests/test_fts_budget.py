@@ -11,9 +11,8 @@ from tinycontext.retrieval.bounded_bm25 import bounded_match
 from tinycontext.retrieval.fusion import fts_query
 
 
-def _engine(tmp_path, budget: int, readers: int = 4) -> MemoryEngine:
-    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", recall_fts_budget=budget,
-                               read_connections=readers)
+def _engine(tmp_path, budget: int) -> MemoryEngine:
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", recall_fts_budget=budget)
     engine = MemoryEngine(config, embedder=HashEmbedder())
     # 60 memories: "common" in all, "usual" in 30, "middling" in 10, "rare" in 2.
     engine.save([" ".join(["common", f"note{i}"] + ["usual"] * (i % 2 == 0) + ["middling"] * (i % 6 == 0) + ["rare"] * (i in (5, 7)))
@@ -36,14 +35,10 @@ def test_commonest_words_dropped_past_the_budget(tmp_path):
         assert len(hits) == 12 and all("middling" in c or "rare" in c for c in contents)
 
 
-@pytest.mark.parametrize("readers", [4, 0])  # the rows holding both kinds of word searched on a worker thread, or here
-def test_words_set_aside_still_score_the_rows_kept(tmp_path, readers):
+def test_words_set_aside_still_score_the_rows_kept(tmp_path):
     """Past the budget only rows holding a kept word are scored, but by the whole query: every hit has
     the unbounded search's score, in its order, also when the list is cut short."""
-    with _engine(tmp_path, 20, readers) as engine:
-        assert engine.store.concurrent_reads == bool(readers)
-        with engine.store.write():  # a write transaction's reads stay on its connection
-            assert not engine.store.concurrent_reads
+    with _engine(tmp_path, 20) as engine:
         query = "rare common middling usual"
         search = engine.candidate_search
         bounded = {depth: search.bm25(query, "s", [], depth) for depth in (3, 100)}

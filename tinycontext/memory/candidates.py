@@ -119,14 +119,9 @@ class CandidateSearch:
         if match is not None:
             sql = (f"SELECT {id_column}, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score " + base.format(where="memories_fts MATCH ?")
                    + where_sql + f" ORDER BY score DESC, {id_column} LIMIT ?")
-            # The rows also holding a set-aside word, scored by the whole query: on a worker thread (its own read
-            # connection) while the kept words' query runs here. Its bm25 walks the set-aside words' long row lists
-            # for their IDF, the larger half of a 1M BM25 search (notes/bench_scale.md), and the two are independent.
-            both_params = [f"({match}) AND ({aside})", *params, *filter_params, depth]
-            pending = _QUERY_POOL.submit(self.store.read, sql, both_params) if aside is not None and self.store.concurrent_reads else None
             hits = [(r[0], r[1]) for r in self.store.read(sql, [match, *params, *filter_params, depth])]
-            if pending is not None or (aside is not None and hits):  # no kept row: none holds both kinds either
-                both = pending.result() if pending is not None else self.store.read(sql, both_params)
+            if aside is not None and hits:  # the rows also holding a set-aside word, scored by the whole query
+                both = self.store.read(sql, [f"({match}) AND ({aside})", *params, *filter_params, depth])
                 hits = merge(hits, [(r[0], r[1]) for r in both], depth)
         if short and len(hits) < depth:
             # Short terms rank after the BM25 hits, by how many of them a memory contains.

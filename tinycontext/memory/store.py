@@ -213,12 +213,6 @@ class Store:
             finally:
                 self._writing.active = False
 
-    @property
-    def concurrent_reads(self) -> bool:
-        """Whether a read on another thread runs beside this thread's: pooled readers, and no write
-        transaction open in this thread (its reads must see its own changes, on its connection)."""
-        return bool(self._max_readers) and not getattr(self._writing, "active", False)
-
     @contextmanager
     def reading(self) -> Iterator:
         """A connection for reads: an idle pooled one (opened on demand up to ``readers``, else the next
