@@ -1,4 +1,4 @@
-"""Documents on the int8-compute graph (embedding_int8_documents, the default for a new database) vs the
+"""Documents on the int8-compute graph (embedding_int8_documents, opt-in: off by default) vs the
 float32 graph, int8 queries in both: retrieval quality on the tuning splits only, paired per question.
 
 LoCoMo dev: each of the 5 conversations saved as turns (one save per chat session, default settings) into
@@ -13,7 +13,6 @@ cosine of the two graphs' vectors for every stored text.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from ir_measures import R, nDCG
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_engine  # noqa: E402
 import bench_locomo  # noqa: E402
-from bench_query_int8 import paired  # noqa: E402
+from bench_query_int8 import paired, report  # noqa: E402
 from tinycontext import Embedder, MemoryEngine, TinyContextConfig  # noqa: E402
 from tinycontext.models.hub import builtin_bundle  # noqa: E402
 
@@ -93,10 +92,7 @@ def main() -> None:
     if "scifact" in parts:
         out["scifact_train"] = scifact(args.workdir)
     out["load_end"] = os.getloadavg()
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    report(out, args.json)
 
 
 if __name__ == "__main__":

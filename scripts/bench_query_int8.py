@@ -167,10 +167,15 @@ def main() -> None:
     if "recall" in parts:
         out["recall"] = recall(args.scale_workdir, args.recalls)
     out["load_end"] = os.getloadavg()[0]
+    report(out, args.json)
+
+
+def report(out: dict, path: Path | None) -> None:
+    """The figures as JSON on stdout, and into ``path`` when given."""
     text = json.dumps(out, indent=1)
     print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    if path:
+        path.write_text(text + "\n")
 
 
 if __name__ == "__main__":
