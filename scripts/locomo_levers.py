@@ -15,6 +15,9 @@ compared with the shipped recipe held out the same way (paired bootstrap over th
   vectors; its top K turns not yet in the dense list join it (K 0: the feedback list replaces it);
 - ``interactions``: the fusion's features and every product of two of them (a model of interactions,
   still a linear score), L2 as given;
+- ``nested l2`` / ``interactions, nested l2``: L2 chosen inside each fold instead of given: for the held-out
+  conversation, every L2 of ``L2_GRID`` is scored leave-one-conversation-out over the other four (mean R@10
+  of their held-out questions) and the best is refitted on all four (so the held-out one never chooses);
 - ``cap C``: at most C turns of one episode among the first 10, the rest moved down in order;
 - ``mmr L``: the first 10 picked greedily by score minus L x (turns of that episode already picked) x the
   standard deviation of the question's scores (MMR over sessions); ``mmr chosen`` picks L on four
@@ -41,6 +44,7 @@ from tinycontext.retrieval.fusion import match_expression, query_terms
 
 TOP = 10
 MMR = (0.1, 0.25, 0.5, 1.0)
+L2_GRID = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 
 
 def merge(*lists: list[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -162,6 +166,19 @@ def held_out(convs, l2: float):
     return folds, orders
 
 
+def nested(convs) -> tuple[list, list[float]]:
+    """Every question's held-out order with L2 chosen on the other conversations only, and the L2 per fold."""
+    orders, chosen = [], []
+    for i, conv in enumerate(convs):
+        others = [c for k, c in enumerate(convs) if k != i]
+        train = [q for c in others for q in c]
+        best = max(L2_GRID, key=lambda l2: lf.recall_rows(train, held_out(others, l2)[1])[:, 2].mean())
+        chosen.append(best)
+        weights = lf.fit([q[2] for q in train], [q[3] for q in train], best)
+        orders += [lf.learned_order(q, weights) for q in conv]
+    return orders, chosen
+
+
 def candidate_recall(every) -> dict:
     pool = np.array([(q[0], q[3].sum() / q[4]) for q in every])
     return {"all": round(float(pool[:, 1].mean()), 4), **{f"cat{c}": round(float(pool[pool[:, 0] == c, 1].mean()), 4) for c in lf.CATEGORIES},
@@ -215,6 +232,11 @@ def main() -> None:
         if wanted(name):
             convs = interactions(base_convs)
             out[name] = compare(lf.recall_rows(every, held_out(convs, l2)[1]), base, rng)
+            print(name, json.dumps(out[name]), flush=True)
+    for name, make in (("nested l2", lambda: base_convs), ("interactions, nested l2", lambda: interactions(base_convs))):
+        if wanted(name):
+            orders, chosen = nested(make())
+            out[name] = {**compare(lf.recall_rows(every, orders), base, rng), "l2 per fold": chosen}
             print(name, json.dumps(out[name]), flush=True)
     # Diversity: each question's first 10 of its fold's held-out order, re-picked.
     picked = {}

@@ -116,13 +116,19 @@ personalise ads. You can accept all cookies or choose which ones we may use.</p>
 # -- LoCoMo: one chat-archive page per conversation -------------------------------------------------
 
 
-def locomo_site(path: Path, categories: list[int], stride: int = 1, conversations: list[str] | None = None) -> Site:
-    """Every conversation is a page; questions only of ``conversations`` (all when None)."""
+def locomo_site(path: Path, categories: list[int], stride: int = 1, conversations: list[str] | None = None,
+                long_pages: list[list[str]] | None = None) -> Site:
+    """Every conversation is a page; questions only of ``conversations`` (all when None). With ``long_pages``
+    (lists of conversations), each list is also laid out as one page, its conversations one after another,
+    and the questions (of ``conversations``) scrape those pages instead: pages longer than any one
+    conversation, to decide ``scrape_max_chars`` on dev."""
     e = htmllib.escape
     samples = json.loads(path.read_text(encoding="utf-8"))
     pages: dict[str, bytes] = {}
     questions: list[Question] = []
     others = [s["sample_id"] for s in samples]
+    articles: dict[str, str] = {}
+    evidence_of: dict[str, list[tuple[int, str, list[str]]]] = {}
     for sample in samples:
         conv, c = sample["sample_id"], sample["conversation"]
         numbers = sorted(int(k.split("_")[1]) for k in c if re.fullmatch(r"session_\d+", k))
@@ -137,15 +143,27 @@ def locomo_site(path: Path, categories: list[int], stride: int = 1, conversation
                              f'<span class="msg-actions"><a href="#reply">Reply</a> · <a href="#quote">Quote</a></span></div>')
             sections.append(f'<section class="session"><h2>Session {n}: {e(c.get(f"session_{n}_date_time", ""))}</h2>{"".join(turns)}</section>')
         title = f"Chat archive: {c['speaker_a']} and {c['speaker_b']}"
-        main = f'<article><h1>{e(title)}</h1><p class="meta">{len(texts)} messages in {len(numbers)} sessions</p>{"".join(sections)}</article>'
+        articles[conv] = f'<h1>{e(title)}</h1><p class="meta">{len(texts)} messages in {len(numbers)} sessions</p>{"".join(sections)}'
         sidebar = ('<h3>Other archives</h3><ul>' + "".join(f'<li><a href="/locomo/{o}.html">Archive {o}</a></li>' for o in others if o != conv)
                    + '</ul><h3>Trending</h3><ul><li><a href="/t/1">Best hiking trails near the city</a></li>'
                    '<li><a href="/t/2">What are you reading this summer?</a></li><li><a href="/t/3">Pottery class recommendations</a></li></ul>')
-        pages[f"/locomo/{conv}.html"] = chrome(title, main, sidebar, "ChatArchive")
+        pages[f"/locomo/{conv}.html"] = chrome(title, f"<article>{articles[conv]}</article>", sidebar, "ChatArchive")
         for i, qa in enumerate(sample["qa"]):
             evidence = [texts[d] for d in qa.get("evidence", []) if d in texts]
             if qa.get("category") in categories and evidence and (conversations is None or conv in conversations):
-                questions.append(Question(f"{conv}:{i}", qa["question"], f"/locomo/{conv}.html", evidence))
+                evidence_of.setdefault(conv, []).append((i, qa["question"], evidence))
+    if long_pages:
+        for group in long_pages:
+            name = "+".join(group)
+            # One article: an extractor keeps a page's main article, not each of several.
+            pages[f"/locomo/{name}.html"] = chrome(f"Chat archives {', '.join(group)}",
+                                                   f"<article>{''.join(articles[g] for g in group)}</article>", "<h3>Archives</h3>",
+                                                   "ChatArchive")
+            questions.extend(Question(f"{name}:{conv}:{i}", query, f"/locomo/{name}.html", evidence)
+                             for conv in group for i, query, evidence in evidence_of.get(conv, []))
+    else:
+        questions = [Question(f"{conv}:{i}", query, f"/locomo/{conv}.html", evidence)
+                     for conv, asked in evidence_of.items() for i, query, evidence in asked]
     return Site("locomo", pages, questions[::stride])
 
 
@@ -366,8 +384,9 @@ def main(cfg: DictConfig) -> None:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if "locomo" in cfg.datasets:
         conversations = None if split == "all" else list(cfg.locomo[f"{split}_conversations"])
+        long_pages = [list(group) for group in cfg.locomo.long_pages] if cfg.locomo.long_pages else None
         sites.append(locomo_site(shared / "datasets/locomo/locomo-dev.json", list(cfg.locomo.categories), cfg.locomo.stride,
-                                 conversations))
+                                 conversations, long_pages))
     if "real" in cfg.datasets:
         sites.append(real_site(REAL_PAGES, split))
     if "scifact" in cfg.datasets:

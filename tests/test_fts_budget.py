@@ -7,7 +7,7 @@ import pytest
 from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.retrieval.bounded_bm25 import bounded_match
+from tinycontext.retrieval.bounded_bm25 import COUNT, bounded_match
 from tinycontext.retrieval.fusion import fts_query
 
 
@@ -75,3 +75,51 @@ def test_session_search_is_the_joined_search(tmp_path):
                 assert engine.candidate_search.bm25(query, session, [], 100) == plain
                 assert plain and all(engine.get(i)["session_id"] == session for i, _ in plain)
         assert engine.candidate_search.mixed_sessions == {"a"}  # b lies inside a's range, c and d do not mix
+
+
+def _counted(store, calls: list):
+    """store.read, recording the word counts it runs."""
+    read = store.read
+
+    def counting(sql, params=()):
+        if sql == COUNT:
+            calls.append(params[0])
+        return read(sql, params)
+    return counting
+
+
+def test_word_counts_are_kept_until_the_database_changes(tmp_path, monkeypatch):
+    """The counts that choose the words set aside are kept between searches, and dropped by a write through
+    this engine or another connection: a word that grew past the budget is then set aside."""
+    with _engine(tmp_path, 20) as engine:
+        counts, calls = engine.candidate_search.row_counts, []
+        monkeypatch.setattr(engine.store, "read", _counted(engine.store, calls))
+        query = "rare common middling usual"
+        expected = ('"rare" OR "middling"', '"common" OR "usual"')
+        assert bounded_match(engine.store, query, 20, counts=counts) == expected and len(calls) == 4
+        assert bounded_match(engine.store, query, 20, counts=counts) == expected and len(calls) == 4  # kept
+        assert engine.candidate_search.bm25(query, "s", [], 100)[:1] and len(calls) == 4  # the engine's search uses them
+        extra = engine.save([f"middling extra{i}" for i in range(12)], session_id="s")["ids"]  # middling: 10 -> 22 rows
+        assert bounded_match(engine.store, query, 20, counts=counts) == ('"rare"', '"common" OR "middling" OR "usual"')
+        assert len(calls) == 8
+        assert extra[-1] == engine.store.read("SELECT max(id) FROM memories")[0][0]
+        other = MemoryEngine(engine.config, embedder=HashEmbedder())  # another connection to the same file
+        with other:
+            for memory_id in [i for i, in engine.store.read("SELECT id FROM memories WHERE content LIKE 'common%middling%'")][:6]:
+                other.delete(memory_id)  # middling: 22 -> 16 rows, the highest id unchanged
+        assert bounded_match(engine.store, query, 20, counts=counts) == expected and len(calls) == 12
+        assert counts.count(["rare", "middling"], 1, 10**6, 1000) == [2, 16]
+
+
+def test_word_counts_inside_a_write_are_not_kept(tmp_path):
+    """Counts read inside a write transaction see its rows, which may roll back: they are never kept."""
+    with _engine(tmp_path, 20) as engine:
+        counts = engine.candidate_search.row_counts
+        assert counts.count(["rare"], 1, 1000, 21) == [2]
+        with pytest.raises(RuntimeError):
+            with engine.store.write() as conn:
+                conn.execute("INSERT INTO memories(session_id, content, content_hash, tokens, created_at) "
+                             "SELECT session_id, 'rare again', 'h', 2, created_at FROM memories LIMIT 1")
+                assert counts.count(["rare"], 1, 1000, 21) == [3]
+                raise RuntimeError("roll back")
+        assert counts.count(["rare"], 1, 1000, 21) == [2]

@@ -351,6 +351,29 @@ def test_a_heading_is_named_once_and_units_of_a_section_are_one_window(loopback_
     assert fits(whole, 4000) and fits(some, 300)
 
 
+def test_the_budget_left_by_merged_windows_goes_to_the_next_best_units():
+    """Units ranked apart, then their neighbours: each was priced as a window of its own, yet they show
+    as one window per section. What that frees is filled, up to less than one more unit."""
+    from tinycontext.web.chunk import chunk_markdown
+    from tinycontext.web.fetch import FetchResult
+    from tinycontext.web.pages import PageResult, ScrapeItem
+    from tinycontext.web.present import scrape_page
+
+    counter = TokenCounter()
+    markdown = "\n\n".join(f"## Port {s}\n\n" + "\n\n".join(f"Fact {s}.{i}: barges unload grain at quay {i} of port {s}."
+                                                              for i in range(12)) for s in range(8))
+    chunks = chunk_markdown(markdown, counter, max_tokens=256, passage_tokens=40)
+    ranked = sorted(chunks, key=lambda c: (c.position % 2, c.position))  # every other unit first, then the rest
+    page = PageResult(ScrapeItem("http://x/p", "grain"), FetchResult(url="http://x/p", final_url="http://x/p"), "ok",
+                      title="Ports", chunks=ranked)
+    for budget in (300, 700, 1500):
+        fitted = scrape_page([page], max_tokens=budget, counter=counter, links_max_tokens=0)
+        assert fitted.tokens <= budget
+        unit = max(c.tokens for c in chunks)
+        # Less than a unit and its window's keys and offsets is left, in the form that binds.
+        assert budget - fitted.tokens < unit + 20, (budget, fitted.text_tokens, fitted.structured_tokens)
+
+
 def test_a_passage_next_to_a_good_one_in_its_section_moves_up():
     from tinycontext.web.rank import boost_neighbours
 

@@ -217,8 +217,9 @@ class TinyContextConfig(BaseModel):
     # Units of one section are also ranked as passages of about this many tokens (their context).
     scrape_passage_tokens: int = Field(160, ge=20, le=2000)
     # A page is read up to this many characters of extracted text (the answer says when a page was cut): a
-    # 5 MB page costs what its first part costs.
-    scrape_max_chars: int = Field(100_000, ge=1000)
+    # 5 MB page costs what its first part costs. 150,000 reads long pages whole (two LoCoMo dev conversations
+    # laid out as one page, 128k characters: notes/web_evidence.md, session 11).
+    scrape_max_chars: int = Field(150_000, ge=1000)
     # Every unit of what was read is ranked by BM25; at most this many of a page's texts (units or their
     # sentences) are embedded, however large the budget: embedding is what a long page costs.
     scrape_max_chunks: int = Field(500, ge=1)

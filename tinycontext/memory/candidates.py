@@ -20,7 +20,7 @@ from .. import telemetry
 from ..config import TinyContextConfig
 from ..models.backends import EmbedderProtocol
 from ..retrieval import conversation, language
-from ..retrieval.bounded_bm25 import bounded_match, merge
+from ..retrieval.bounded_bm25 import RowCounts, bounded_match, merge
 from ..retrieval.filters import Filters
 from ..retrieval.fusion import Signals
 from .store import Store
@@ -49,6 +49,7 @@ class CandidateSearch:
     def __init__(self, store: Store, index: VectorIndex, config: TinyContextConfig, embedder: Callable[[], EmbedderProtocol | None]):
         self.store, self.index, self.config, self._embedder = store, index, config, embedder
         self.mixed_sessions: set[str] = set()  # sessions whose id range holds other sessions' memories (bm25)
+        self.row_counts = RowCounts(store)  # the query words' row counts, kept between searches
 
     def search(self, query: str, session: str | None, tag_list: list[str], filters: Filters, depth: int, *,
                keyword: bool, dense: bool) -> Signals:
@@ -86,7 +87,7 @@ class CandidateSearch:
         if self.config.fts_tokenizer == "trigram":
             match, short = language.trigram_query(query)
         else:
-            (match, aside), short = bounded_match(self.store, query, self.config.recall_fts_budget, span), []
+            (match, aside), short = bounded_match(self.store, query, self.config.recall_fts_budget, span, self.row_counts), []
         if match is None and not short:
             return []
         if session is not None and session not in self.mixed_sessions:

@@ -187,7 +187,7 @@ class Store:
         Inside this thread's write transaction it joins that one: an import writes many batches, all
         or nothing."""
         with self.lock:
-            if getattr(self._writing, "active", False):
+            if self.writing:
                 try:
                     yield self.conn
                 except self.driver.Error as exc:
@@ -213,11 +213,23 @@ class Store:
             finally:
                 self._writing.active = False
 
+    @property
+    def writing(self) -> bool:
+        """Whether this thread holds a write transaction (its changes may still roll back)."""
+        return getattr(self._writing, "active", False)
+
+    def stamp(self) -> tuple[int, int]:
+        """A value that moves whenever the database may have changed, for copies of what it holds:
+        ``PRAGMA data_version`` moves when another connection (process) commits, and the write
+        connection's ``total_changes`` on every write made through it (also one rolled back)."""
+        with self.lock:
+            return self.conn.execute("PRAGMA data_version").fetchone()[0], self.conn.total_changes
+
     @contextmanager
     def reading(self) -> Iterator:
         """A connection for reads: an idle pooled one (opened on demand up to ``readers``, else the next
         one freed), or the write connection under the lock (no pool, or inside this thread's write)."""
-        if not self._max_readers or getattr(self._writing, "active", False):
+        if not self._max_readers or self.writing:
             with self.lock:
                 yield self.conn
             return

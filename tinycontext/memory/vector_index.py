@@ -296,13 +296,9 @@ class VectorIndex:
 
     # -- coherence ------------------------------------------------------------------------------
 
-    def _current_stamp(self) -> tuple[int, int]:
-        conn = self.store.conn
-        return conn.execute("PRAGMA data_version").fetchone()[0], conn.total_changes
-
     def sync(self) -> None:
         """Drop the copy if anything wrote to the database since it was last known to be current."""
-        stamp = self._current_stamp()
+        stamp = self.store.stamp()
         if stamp != self._stamp:
             self.clear()
             self._stamp = stamp

@@ -12,25 +12,62 @@ words exactly. The two lists, merged, are the full query's order over the rows h
 (:func:`merge`); what is lost are rows holding only common words, the least IDF weight. Below the
 budget (in practice every database up to tens of thousands of memories) the query is exactly
 :func:`tinycontext.retrieval.fusion.fts_query`'s.
+
+The counts are kept between searches (:class:`RowCounts`) while the database is unchanged: the
+commonest words, whose counts walk up to the budget's rows each, are the ones that recur.
 """
 
 from __future__ import annotations
 
+import threading
+
 from .fusion import match_expression, query_terms
 
+COUNT = "SELECT count(*) FROM (SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? AND rowid BETWEEN ? AND ? LIMIT ?)"
 
-def bounded_match(store, query: str, budget: int, span: tuple[int, int] | None = None) -> tuple[str | None, str | None]:
+
+class RowCounts:
+    """The rows each word matches in an id range, counted up to a cap, kept while the database's
+    stamp (``Store.stamp``) is unchanged; counted afresh inside this thread's write transaction,
+    whose changes may still roll back."""
+
+    MAX_WORDS = 20_000  # past it the copy starts over (a few MB)
+
+    def __init__(self, store):
+        self.store = store
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int] | None = None
+        self._counts: dict[tuple[str, int, int, int], int] = {}
+
+    def count(self, terms: list[str], low: int, high: int, cap: int) -> list[int]:
+        stamp = None if self.store.writing else self.store.stamp()  # taken before counting: a later write moves it
+        with self._lock:
+            if stamp != self._stamp:
+                self._counts, self._stamp = {}, stamp
+            counts = [self._counts.get((t, low, high, cap)) if stamp is not None else None for t in terms]
+        for i, t in enumerate(terms):
+            if counts[i] is None:
+                counts[i] = self.store.read(COUNT, (match_expression([t]), low, high, cap))[0][0]
+        with self._lock:
+            if stamp is not None and stamp == self._stamp:  # not when another search saw a newer stamp meanwhile
+                if len(self._counts) + len(terms) > self.MAX_WORDS:
+                    self._counts = {}
+                self._counts.update(((t, low, high, cap), c) for t, c in zip(terms, counts))
+        return counts
+
+
+def bounded_match(store, query: str, budget: int, span: tuple[int, int] | None = None,
+                  counts: RowCounts | None = None) -> tuple[str | None, str | None]:
     """The FTS5 MATCH expressions for ``query``: the words kept to fit ``budget`` rows (0: no bound),
     and those set aside (None when none is). ``span``: the (lowest, highest) memory id the search is
-    limited to."""
+    limited to; ``counts``: the store's kept word counts (else counted here)."""
     terms = query_terms(query)
     if budget <= 0 or len(terms) < 2:
         return match_expression(terms), None
-    count = "SELECT count(*) FROM (SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? AND rowid BETWEEN ? AND ? LIMIT ?)"
     low, high = span or (1, store.read("SELECT max(id) FROM memories")[0][0] or 0)
     if high - low + 1 <= budget:
         return match_expression(terms), None  # fewer rows than the budget in all (ids only grow)
-    cost = [store.read(count, (match_expression([t]), low, high, budget + 1))[0][0] for t in terms]
+    cost = (counts or RowCounts(store)).count(terms, low, high, budget + 1)
     kept = list(range(len(terms)))
     for i in sorted(kept, key=lambda i: (-cost[i], i)):
         if len(kept) == 1 or sum(cost[j] for j in kept) <= budget:
