@@ -6,6 +6,7 @@ Every test runs under ``loopback_only``: any attempt to reach beyond 127.0.0.0/8
 from __future__ import annotations
 
 import gzip
+import math
 import time
 
 import pytest
@@ -447,6 +448,28 @@ def test_only_the_units_of_passages_chosen_by_bm25_are_embedded():
     shared = CountingEmbedder()
     rank_chunks("roman bridges", chunks, shared, config, pages=3)
     assert len({next(c.passage for c in chunks if t.split("\n", 1)[1] in c.text) for t in shared.documents}) == 1
+
+
+def test_budgets_from_one_thousand_tokens_embed_twice_the_candidates_per_fitting_passage():
+    """Up to LARGE_BUDGET the depth is CANDIDATES_PER_FIT passages per passage the budget holds (the 500-token
+    path's cost is unchanged); from it on, LARGE_BUDGET_CANDIDATES_PER_FIT: long pages' second thousand tokens."""
+    from tinycontext.web import rank
+    from tinycontext.web.chunk import chunk_markdown
+
+    markdown = "# Harbour\n\n" + "".join(f"## Boat {k}\n\nThe boat number {k} had nets mended on the quay in winter.\n\n"
+                                          for k in range(400))
+    chunks = chunk_markdown(markdown, TokenCounter(), max_tokens=40, passage_tokens=40)
+    config = TinyContextConfig(scrape_unit_candidates=0, scrape_neighbour_weight=0.0, scrape_max_chunks=1000)
+
+    def passages_embedded(budget: int) -> int:
+        embedder = CountingEmbedder()
+        rank.rank_chunks("boat nets quay", chunks, embedder, config, budget=budget)
+        return len({next(c.passage for c in chunks if t.split("\n", 1)[1] in c.text) for t in embedder.documents})
+
+    size = config.scrape_passage_tokens
+    assert passages_embedded(500) == math.ceil(rank.CANDIDATES_PER_FIT * 500 / size)
+    assert passages_embedded(rank.LARGE_BUDGET - 1) == math.ceil(rank.CANDIDATES_PER_FIT * (rank.LARGE_BUDGET - 1) / size)
+    assert passages_embedded(2000) == math.ceil(rank.LARGE_BUDGET_CANDIDATES_PER_FIT * 2000 / size)
 
 
 def test_every_unit_is_ranked_and_scrape_max_chunks_bounds_only_those_embedded(loopback_only, web_config):

@@ -32,8 +32,12 @@ if TYPE_CHECKING:
 EMBED_SLICE = 64
 # Passages embedded per passage the item's share of the budget holds (at least scrape_unit_candidates): a
 # passage BM25 ranks low reaches a large budget by its vector only if it was embedded (LoCoMo dev at 2,000
-# tokens: .863 with 24 candidates, .907 with 48; notes/web_evidence.md).
+# tokens: .863 with 24 candidates, .907 with 48; notes/web_evidence.md). From LARGE_BUDGET tokens on, twice
+# as many: long pages hold more distractors than the second thousand tokens' candidates cover, while small
+# budgets keep their embedding cost (the cold-latency bound is set at 500).
 CANDIDATES_PER_FIT = 4
+LARGE_BUDGET = 1000
+LARGE_BUDGET_CANDIDATES_PER_FIT = 8
 
 
 def bm25_ranking(query: str, texts: Sequence[str]) -> list[tuple[int, float]]:
@@ -145,7 +149,8 @@ def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyConte
 
     Every passage and unit is ranked by BM25 (cheap); only the units of the passages chosen by BM25
     (:func:`candidate_passages`: an equal share of ``scrape_unit_candidates`` among the call's ``pages``, or
-    CANDIDATES_PER_FIT per passage that the item's ``budget`` holds when that is more; at most
+    CANDIDATES_PER_FIT (LARGE_BUDGET_CANDIDATES_PER_FIT from LARGE_BUDGET tokens) per passage that the item's
+    ``budget`` holds when that is more; at most
     ``scrape_max_chunks`` units in all) are embedded, and a passage's vector is the mean of its units' (a page
     new to the embedder costs a fraction of its text, not twice it). The others keep their BM25 share of the
     fused scores. Embedding stops at the ``deadline``'s soft limit: what was embedded by then is used."""
@@ -166,7 +171,8 @@ def rank_chunks(query: str, chunks: Sequence[Chunk], embedder, config: TinyConte
         # The pages of one call share its candidates as they share its budget: five pages cost about one.
         depth = math.ceil(config.scrape_unit_candidates / max(1, pages))
         if budget is not None:
-            depth = max(depth, math.ceil(CANDIDATES_PER_FIT * budget / config.scrape_passage_tokens))
+            per_fit = LARGE_BUDGET_CANDIDATES_PER_FIT if budget >= LARGE_BUDGET else CANDIDATES_PER_FIT
+            depth = max(depth, math.ceil(per_fit * budget / config.scrape_passage_tokens))
         counts = Counter(unit_passage)
         chosen = within_units(candidate_passages(bm25_passages, [unit_passage[u] for u, _ in bm25_units], sections, depth),
                               counts, config.scrape_max_chunks)
