@@ -26,6 +26,11 @@ from .fusion import match_expression, query_terms
 COUNT = "SELECT count(*) FROM (SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? AND rowid BETWEEN ? AND ? LIMIT ?)"
 
 
+def count_rows(store, term: str, low: int, high: int, cap: int) -> int:
+    """The rows holding ``term`` with an id in [``low``, ``high``], counted up to ``cap``."""
+    return store.read(COUNT, (match_expression([term]), low, high, cap))[0][0]
+
+
 class RowCounts:
     """The rows each word matches in an id range, counted up to a cap, kept while the database's
     stamp (``Store.stamp``) is unchanged; counted afresh inside this thread's write transaction,
@@ -47,7 +52,7 @@ class RowCounts:
             counts = [self._counts.get((t, low, high, cap)) if stamp is not None else None for t in terms]
         for i, t in enumerate(terms):
             if counts[i] is None:
-                counts[i] = self.store.read(COUNT, (match_expression([t]), low, high, cap))[0][0]
+                counts[i] = count_rows(self.store, t, low, high, cap)
         with self._lock:
             if stamp is not None and stamp == self._stamp:  # not when another search saw a newer stamp meanwhile
                 if len(self._counts) + len(terms) > self.MAX_WORDS:
@@ -67,7 +72,8 @@ def bounded_match(store, query: str, budget: int, span: tuple[int, int] | None =
     low, high = span or (1, store.read("SELECT max(id) FROM memories")[0][0] or 0)
     if high - low + 1 <= budget:
         return match_expression(terms), None  # fewer rows than the budget in all (ids only grow)
-    cost = (counts or RowCounts(store)).count(terms, low, high, budget + 1)
+    cost = (counts.count(terms, low, high, budget + 1) if counts is not None
+            else [count_rows(store, t, low, high, budget + 1) for t in terms])
     kept = list(range(len(terms)))
     for i in sorted(kept, key=lambda i: (-cost[i], i)):
         if len(kept) == 1 or sum(cost[j] for j in kept) <= budget:
