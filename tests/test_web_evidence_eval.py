@@ -44,6 +44,25 @@ def test_locomo_and_scifact_pages_through_the_real_fetch_path(shared_dir, tmp_pa
         assert table[(dataset, "whole page", "")]["tokens_vs_whole"] == 1.0
 
 
+@pytest.mark.slow
+def test_locomo_long_pages_lay_conversations_out_as_one_page_and_keep_every_message(shared_dir, tmp_path):
+    group = ["conv-26", "conv-30"]
+    path = shared_dir / "datasets/locomo/locomo-dev.json"
+    site = locomo_site(path, [1, 2, 3, 4], stride=40, conversations=group, long_pages=[group])
+    single = locomo_site(path, [1, 2, 3, 4], conversations=group)
+    long_path = "/locomo/conv-26+conv-30.html"
+    assert long_path in site.pages and len(site.pages[long_path]) > max(len(site.pages[f"/locomo/{c}.html"]) for c in group)
+    asked = {q.qid.split(":")[1] for q in site.questions}
+    assert asked == set(group) and {q.url_path for q in site.questions} == {long_path}
+    assert len(site.questions) == len(single.questions[::40])
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", allow_private_hosts=True)
+    with PageServer(site.pages) as server:
+        rows = asyncio.run(evaluate(site, server.base_url, [500], config, "page", embedder=HashEmbedder()))
+    whole = [r for r in rows if r["method"] == "whole page"]
+    # Both conversations survive extraction: the second one's evidence lies past the first article.
+    assert len(whole) == len(site.questions) and all(r["recall"] == 1.0 for r in whole)
+
+
 def test_real_pages_gold_passages_sit_at_their_offsets_deep_in_the_page():
     import json
 

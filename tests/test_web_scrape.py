@@ -534,6 +534,20 @@ class BlockedEmbedder(HashEmbedder):
         return self.embed([text], "query")[0]
 
 
+def test_a_long_page_is_read_whole_by_default(loopback_only, web_config):
+    """A page of ~130,000 characters (the size of two LoCoMo chat archives) is read to its end: the answer is its last paragraph."""
+    words = "river delta barge grain port city bridge water valley mountain snow trade route canal lock ferry".split()
+    paragraphs = ["<p>" + " ".join(words[(i * 7 + j) % len(words)] for j in range(100)) + f" number {i}.</p>" for i in range(200)]
+    body = ("<html><head><title>Long</title></head><body><main><article><h1>Long page</h1>" + "".join(paragraphs)
+            + "<p>The lighthouse keeper retired in 1987 after forty winters.</p></article></main></body></html>")
+    config = web_config.model_copy(update={"web_max_bytes": 1_000_000})
+    with LocalServer({"/long": html(body)}) as server:
+        answer = scrape(config, [{"url": server.url("/long"), "query": "when did the lighthouse keeper retire"}], 500)
+    (result,) = answer["results"]
+    assert "note" not in result and result["passages"][-1]["end"] > 120_000
+    assert any("retired in 1987" in p["text"] for p in result["passages"])
+
+
 def test_a_huge_page_is_read_up_to_the_caps_and_within_the_item_deadline(loopback_only, tmp_path):
     body = big_page()
     config = TinyContextConfig(memory_db_path=tmp_path / "m.db", allow_private_hosts=True, web_max_bytes=5_000_000,
