@@ -4,8 +4,9 @@ fp32 onnxruntime embedding the same calls, in the same run.
     python scripts/bench_ingest.py                       # 2 rounds over the first --turns turns
     python scripts/bench_ingest.py --turns 800 --rounds 1 --profile   # the save path under cProfile
 
-Ours: ``MemoryEngine.save`` with default settings (built-in model, dedup on, documents on the float32
-graph), and again with ``embedding_int8_documents`` on (documents on the int8 graph), a fresh database
+Ours: ``MemoryEngine.save`` with default settings (built-in model, dedup on, documents on the int8 graph
+with the calibrated outlier channels in float32), again with ``embedding_outlier_documents`` off (documents
+on the float32 graph) and with ``embedding_int8_documents`` on (the plain int8 graph), a fresh database
 per round, one warm-up save before timing, each LoCoMo conversation into its own new session, its turns
 ("Speaker: text", in order) in calls of ``--per-call``. The baselines embed exactly the same calls and
 store nothing: the fp32 MiniLM from ../shared in an ``onnxruntime.InferenceSession`` with default
@@ -127,10 +128,12 @@ def main() -> None:
                 result["rounds"].append({"ours": run_ours(work, root, True)})
                 continue
             row = {"ort_pad128": run_baseline(work, "pad128"), "ort_longest": run_baseline(work, "longest"), "ours": run_ours(work, root, False),
+                   "ours_float32_documents": run_ours(work, root, False, embedding_outlier_documents=False),
                    "ours_int8_documents": run_ours(work, root, False, embedding_int8_documents=True)}
             for name in ("ort_pad128", "ort_longest"):
                 row[f"ratio_vs_{name}"] = round(row["ours"]["turns_per_s"] / row[name]["turns_per_s"], 2)
-                row[f"ratio_int8_documents_vs_{name}"] = round(row["ours_int8_documents"]["turns_per_s"] / row[name]["turns_per_s"], 2)
+                for variant in ("float32_documents", "int8_documents"):
+                    row[f"ratio_{variant}_vs_{name}"] = round(row[f"ours_{variant}"]["turns_per_s"] / row[name]["turns_per_s"], 2)
             result["rounds"].append(row)
             print(json.dumps(row), flush=True)
     finally:

@@ -213,7 +213,7 @@ def test_a_database_keeps_its_document_graph_until_reindex(tmp_path):
     keeps float32 for new saves, until `reindex` converts it; either way round. The embedder passed in is
     not changed (it may serve other databases)."""
     texts = ["Caroline adopted a puppy in May.", "Melanie painted a sunrise over the lake.", "The router password was reset."]
-    float32 = Embedder(builtin_bundle(), cache_size=0)
+    float32 = Embedder(builtin_bundle(), cache_size=0, outlier_documents=False)
     int8 = Embedder(builtin_bundle(), cache_size=0, int8_documents=True)
     configured = Embedder(builtin_bundle(), int8_documents=True)
     config = TinyContextConfig(memory_db_path=tmp_path / "old.db", models_dir=tmp_path / "models")
@@ -242,6 +242,36 @@ def test_a_database_keeps_its_document_graph_until_reindex(tmp_path):
             engine.save(texts[:1])
             assert engine.stats()["embedder"] == embedder.identity
             assert np.array_equal(vectors(engine), embedder.embed_documents(texts[:1]))
+
+
+def test_the_default_outlier_graph_keeps_older_databases_on_theirs(tmp_path):
+    """New databases embed documents on the outlier graph by default; a database from before it (float32
+    documents, no document_graph recorded) opens without re-embedding, recalls, saves on float32, and
+    `reindex` converts it."""
+    texts = ["Caroline adopted a puppy in May.", "Melanie painted a sunrise over the lake.", "The router password was reset."]
+    float32 = Embedder(builtin_bundle(), cache_size=0, outlier_documents=False)
+    default = Embedder(builtin_bundle(), cache_size=0)
+    config = TinyContextConfig(memory_db_path=tmp_path / "old.db", models_dir=tmp_path / "models")
+
+    def vectors(engine):
+        rows = engine.store.read("SELECT memory_id, embedding FROM memory_vectors ORDER BY memory_id")
+        return np.stack([np.frombuffer(blob, np.float32) for _, blob in rows])
+
+    with MemoryEngine(config, embedder=float32) as engine:
+        engine.save(texts[:2])
+    with MemoryEngine(config, embedder=default) as engine:
+        engine.save(texts[2:])
+        assert engine.reindexed == 0 and engine.stats()["embedder"] == float32.identity
+        assert "document_graph" not in engine.stats()["embedder"]
+        assert np.array_equal(vectors(engine), float32.embed_documents(texts))
+        assert engine.recall("puppy adoption", top_k=1)["memories"][0]["content"] == texts[0]
+        assert engine.reindex() == 3 and engine.stats()["embedder"] == default.identity
+        assert np.array_equal(vectors(engine), default.embed_documents(texts))
+        assert not np.array_equal(vectors(engine), float32.embed_documents(texts))
+        assert engine.recall("puppy adoption", top_k=1)["memories"][0]["content"] == texts[0]
+    with MemoryEngine(config.model_copy(update={"memory_db_path": tmp_path / "new.db"}), embedder=default) as engine:
+        engine.save(texts[:1])
+        assert engine.stats()["embedder"]["document_graph"] == default.recipe("document") != ""
 
 
 def test_empty_database_rebinds_without_complaint(config):

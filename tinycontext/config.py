@@ -103,8 +103,13 @@ class TinyContextConfig(BaseModel):
     # Queries on the model rewritten to int8 arithmetic where its weights are int8 (the built-in model):
     # ~2x faster for a short query, cosine >= 0.996 to the float32 query vector (notes/bench_scale.md).
     embedding_int8_queries: bool = True
-    # Documents (stored vectors) of a new database on the same int8 graph: faster saves, SciFact train nDCG@10 -0.002
-    # (notes/bench_scale.md). A database keeps the graph its vectors came from; `tinycontext reindex` converts it.
+    # Documents (stored vectors) of a new database on the int8 graph with the model's calibrated outlier channels
+    # in float32 (the built-in model has a calibration; others: float32 documents): ~2x faster saves, retrieval
+    # quality unchanged (notes/bench_scale.md). A database keeps the graph its vectors came from; `tinycontext
+    # reindex` converts it to the configured one.
+    embedding_outlier_documents: bool = True
+    # Documents of a new database on the plain int8 graph (no outlier channels; wins over the setting above):
+    # fastest saves, SciFact train nDCG@10 -0.002 (notes/bench_scale.md).
     embedding_int8_documents: bool = False
     recall_top_k: int = Field(10, ge=1, le=1000)
     recall_max_tokens: int = Field(2000, ge=1, le=1_000_000)

@@ -89,7 +89,8 @@ def _onnx(config: "TinyContextConfig") -> EmbedderProtocol:
     return Embedder(bundle, batch_size=config.embedding_batch_size, cache_size=config.embedding_cache_size,
                     query_prefix=config.dense_query_prefix, document_prefix=config.dense_document_prefix,
                     threads=config.embedding_threads, int8_queries=config.embedding_int8_queries,
-                    int8_documents=config.embedding_int8_documents)
+                    int8_documents=config.embedding_int8_documents,
+                    outlier_documents=config.embedding_outlier_documents)
 
 
 def _remote(wire: str) -> Factory:

@@ -9,6 +9,7 @@ most CPU time goes otherwise.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import threading
@@ -43,6 +44,15 @@ VECTOR_RECIPE = 1
 # The int8-compute graph's name: recorded in a database's embedder identity under DOCUMENT_GRAPH when
 # its vectors were made on it (absent: the model's own float32 graph, as in every older database).
 INT8_GRAPH = f"int8-token-rows-{REWRITE_VERSION}"
+# A bundle's calibrated outlier channels for the int8 document graph (scripts/calibrate_int8_outliers.py).
+OUTLIERS_FILE = "int8_outliers.json"
+
+
+def outlier_graph_name(channels: dict[str, list[int]]) -> str:
+    """The outlier graph's name: the rewrite's version and a digest of the channels, so a recalibrated
+    model's vectors are not taken for the older calibration's."""
+    digest = hashlib.sha256(json.dumps(channels, sort_keys=True).encode()).hexdigest()[:12]
+    return f"int8-outliers-{REWRITE_VERSION}-{digest}"
 
 
 def cpu_count() -> int:
@@ -136,7 +146,7 @@ class Embedder:
 
     def __init__(self, bundle: ModelBundle, *, batch_size: int = 32, cache_size: int = 4096,
                  query_prefix: str = "", document_prefix: str = "", pooling: str | None = None, threads: int = 0,
-                 int8_queries: bool = True, int8_documents: bool = False):
+                 int8_queries: bool = True, int8_documents: bool = False, outlier_documents: bool = True):
         self.bundle = bundle
         self.batch_size = batch_size
         # Batches run in parallel, one thread each (0: one per CPU). A single-threaded ONNX run per
@@ -159,23 +169,31 @@ class Embedder:
         self._lock = threading.Lock()
         # Queries run on the model rewritten to int8 arithmetic (models/int8_graph.py) where its weights
         # are int8: ~2x faster for a short query, cosine >= 0.996 to the float32 vector, quality unchanged
-        # (notes/bench_scale.md). Documents may too (int8_documents: faster saves, SciFact nDCG@10 -0.002);
-        # a database keeps the graph its vectors came from (documents_like). The float32 session is loaded
-        # on first use, so a process that needs only the int8 graph never holds it.
-        self._int8_session = None
-        self._float32: dict = {}  # the float32 graph's session once loaded; shared with documents_like's copies
-        self._int8 = {"query": False, "document": False}
-        self._int8_documents = False  # the configured document graph, for a new database
+        # (notes/bench_scale.md). Documents of a new database run on that graph with the model's calibrated
+        # outlier channels in float32 (outlier_documents, when the bundle has a calibration for this model
+        # file: ~2x faster saves, quality unchanged), or on the plain int8 graph (int8_documents: SciFact
+        # nDCG@10 -0.002), else on the float32 graph. A database keeps the graph its vectors came from
+        # (documents_like). Sessions load on first use, so a process holds only the graphs it runs.
+        self._sessions: dict = {}  # graph name ("": float32) -> session; shared with documents_like's copies
+        # The graphs this model has: name -> the outlier channels of an int8 graph ({}: none); None: the model file.
+        self._graphs: dict[str, dict | None] = {"": None}
+        self._graph = {"query": "", "document": ""}
+        self._configured = ""  # the document graph for a new database
         if self.pooling == "static":
             self._table = self._load_static_table()
             return
-        graph = self._int8_graph() if int8_queries or int8_documents else None
-        if graph is not None:
-            self._int8_session, self._input_names, self._output_names = self._load_onnx(graph)
-            self._int8 = {"query": int8_queries, "document": int8_documents}
-            self._int8_documents = int8_documents
-        else:
-            self._float32["session"], self._input_names, self._output_names = self._load_onnx()
+        plain = self._int8_graph({})
+        if plain is not None:
+            self._graphs[INT8_GRAPH] = {}
+            outliers = self._outliers()
+            if outliers:  # known whatever is configured, so a database made on it keeps opening
+                self._graphs[outlier_graph_name(outliers)] = outliers
+            self._graph = {"query": INT8_GRAPH if int8_queries else "",
+                           "document": INT8_GRAPH if int8_documents else
+                           outlier_graph_name(outliers) if outliers and outlier_documents else ""}
+            self._configured = self._graph["document"]
+        # The query graph now, so a broken model file fails here; it also names the inputs and outputs.
+        self._session(self._graph["query"], plain if self._graph["query"] else None)
 
     @property
     def identity(self) -> dict:
@@ -192,44 +210,57 @@ class Embedder:
             "sha256": self.bundle.sha256 or file_sha256(self.bundle.model_file),
             "max_tokens": self.bundle.max_tokens,
             # Only when not the float32 graph, so every database built before the int8 graph keeps its identity.
-            **({DOCUMENT_GRAPH: INT8_GRAPH} if self._int8["document"] else {}),
+            **({DOCUMENT_GRAPH: self._graph["document"]} if self._graph["document"] else {}),
         }
 
     def recipe(self, kind: Kind) -> str:
         """The graph ``kind``'s vectors come from: "" for the model's own, else the rewrite's name."""
-        return INT8_GRAPH if self._int8[kind] else ""
+        return self._graph[kind]
 
     def documents_like(self, stored: dict | None) -> "Embedder":
         """This embedder, or a copy of it (sessions, tokenizer and cache shared) embedding documents
         on the graph a database's recorded identity ``stored`` names when that identity is otherwise
         this embedder's, so the database's vectors stay comparable without a reindex. None, or another
         model's identity: the configured graph. The engine calls it when it binds to a database."""
-        graphs = (False, True) if stored is not None and self._int8_session is not None else ()
+        graphs = self._graphs if stored is not None else ()
         return self._documents_on(next((g for g in graphs if same_embedder(stored, self._documents_on(g).identity)),
-                                       self._int8_documents))
+                                       self._configured))
 
-    def _documents_on(self, int8: bool) -> "Embedder":
-        if self._int8["document"] == int8:
+    def _documents_on(self, graph: str) -> "Embedder":
+        if self._graph["document"] == graph:
             return self
         other = copy.copy(self)
-        other._int8 = {**self._int8, "document": int8}
+        other._graph = {**self._graph, "document": graph}
         return other
 
-    def _int8_graph(self) -> bytes | None:
+    def _outliers(self) -> dict[str, list[int]] | None:
+        """The bundle's calibrated outlier channels (OUTLIERS_FILE), when made for this model file."""
+        path = self.bundle.path / OUTLIERS_FILE
+        if not path.is_file():
+            return None
+        calibration = json.loads(path.read_text(encoding="utf-8"))
+        if calibration.get("model_sha256") != (self.bundle.sha256 or file_sha256(self.bundle.model_file)):
+            return None  # made for another model file: its channels mean nothing here
+        return calibration["channels"]
+
+    def _int8_graph(self, outliers: dict[str, list[int]] | None) -> bytes | None:
         try:
-            return int8_compute_graph(self.bundle.model_file)
+            return int8_compute_graph(self.bundle.model_file, outliers)
         except Exception as exc:  # onnx's parse errors name no common type
             raise ModelUnavailableError(
                 f"Cannot read ONNX model {self.bundle.model_file}: {exc}. The file may be corrupt: delete it and re-download.",
                 path=str(self.bundle.model_file),
             ) from exc
 
-    def _float_session(self):
-        """The float32 graph's session (whatever does not run on the int8 graph)."""
+    def _session(self, graph: str, built: bytes | None = None):
+        """The session running ``graph`` (``built``: its serialised model, when at hand), loaded on first use."""
         with self._lock:
-            if "session" not in self._float32:
-                self._float32["session"] = self._load_onnx()[0]
-            return self._float32["session"]
+            if graph not in self._sessions:
+                outliers = self._graphs[graph]
+                if built is None and outliers is not None:
+                    built = self._int8_graph(outliers)
+                self._sessions[graph], self._input_names, self._output_names = self._load_onnx(built)
+            return self._sessions[graph]
 
     def _load_onnx(self, graph: bytes | None = None):
         import onnxruntime as ort
@@ -279,11 +310,11 @@ class Embedder:
 
     def _embed(self, texts: Sequence[str], kind: Kind, progress: bool, op: telemetry.Operation) -> np.ndarray:
         prefix = self.query_prefix if kind == "query" else self.document_prefix
-        int8 = self._int8[kind]
-        session = None if self.pooling == "static" else self._int8_session if int8 else self._float_session()
+        graph = self._graph[kind]
+        session = None if self.pooling == "static" else self._session(graph)
         # Besides the text, the prefix and the graph change a vector (a query and a document of the same
         # text on the same graph share it).
-        scope = INT8_GRAPH if int8 else None
+        scope = graph or None
         out, cached = self._cache.embed([prefix + t for t in texts], self.dimensions,
                                         lambda missing: self._compute(missing, session, progress=progress), scope)
         op.set(cached=cached)

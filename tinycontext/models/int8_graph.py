@@ -12,6 +12,13 @@ alone or in any batch, and on any thread count (integer sums are exact). onnxrun
 quantisation takes one scale for the whole batch instead, which makes vectors depend on the batch.
 Embedding tables dequantised the same way are gathered as int8 and dequantised per looked-up row,
 so they are not held as float32.
+
+With ``outliers`` (calibrated per model: scripts/calibrate_int8_outliers.py), a few channels of a
+MatMul's input that carry most of its range (LayerNorm outputs and the FFN activation of a BERT
+have a handful, LLM.int8()-style) stay float32: they are zeroed before the per-token quantisation,
+so the other channels keep a fine scale, and multiplied in float32 by their weight rows (``Gemm``
+adding the int8 product). The document vectors' error to float32 drops 7-11x at int8 speed
+(notes/bench_scale.md).
 """
 
 from __future__ import annotations
@@ -26,16 +33,67 @@ import numpy as np
 REWRITE_VERSION = 1
 
 
-def int8_compute_graph(model_file: Path) -> bytes | None:
-    """The rewritten model, serialised; None when no MatMul reads int8 weights (nothing to gain)."""
+# The producers of the MatMul inputs that may hold outlier channels: the LayerNorm before Q/K/V and the
+# FFN, and the FFN's activation (Mul, the end of GELU); not the attention context (a Reshape).
+OUTLIER_PRODUCERS = ("LayerNormalization", "Mul")
+
+
+class _Weights:
+    """Where a graph's int8 weights are: ``dequantised(name)`` gives (int8 initializer, scale
+    initializer) when ``name`` is ``Cast(int8) * scale``."""
+
+    def __init__(self, graph):
+        from onnx import TensorProto
+
+        self.producer = {out: node for node in graph.node for out in node.output}
+        self.shapes = {init.name: tuple(init.dims) for init in graph.initializer}
+        self._int8 = {init.name for init in graph.initializer if init.data_type == TensorProto.INT8}
+
+    def dequantised(self, name: str) -> tuple[str, str] | None:
+        mul = self.producer.get(name)
+        if mul is None or mul.op_type != "Mul":
+            return None
+        cast = self.producer.get(mul.input[0])
+        if cast is None or cast.op_type != "Cast" or cast.input[0] not in self._int8 or mul.input[1] not in self.shapes:
+            return None
+        return cast.input[0], mul.input[1]
+
+    def matmul(self, node) -> tuple[str, str] | None:
+        """A MatMul's int8 weight and scale when the rewrite converts it (a scale per column or per tensor
+        factors out of the sum over rows)."""
+        weight = self.dequantised(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if weight is None or len(self.shapes[weight[0]]) != 2:
+            return None
+        return weight if self.shapes[weight[1]] in ((), (1,), (1, self.shapes[weight[0]][1])) else None
+
+
+def outlier_inputs(model_file: Path) -> list[str]:
+    """The converted MatMuls' inputs that may carry outlier channels (what a calibration measures)."""
+    import onnx
+
+    graph = onnx.load(str(model_file)).graph
+    weights = _Weights(graph)
+    found: list[str] = []
+    for node in graph.node:
+        x = node.input[0] if node.input else ""
+        producer = weights.producer.get(x)
+        if weights.matmul(node) and producer is not None and producer.op_type in OUTLIER_PRODUCERS and x not in found:
+            found.append(x)
+    return found
+
+
+def int8_compute_graph(model_file: Path, outliers: dict[str, list[int]] | None = None) -> bytes | None:
+    """The rewritten model, serialised; None when no MatMul reads int8 weights (nothing to gain).
+    ``outliers``: per MatMul input name, the channels kept in float32."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    outliers = outliers or {}
     model = onnx.load(str(model_file))
     graph = model.graph
-    producer = {out: node for node in graph.node for out in node.output}
-    shapes = {init.name: tuple(init.dims) for init in graph.initializer}
-    types = {init.name: init.data_type for init in graph.initializer}
+    weights = _Weights(graph)
+    shapes = weights.shapes
+    arrays = {init.name: init for init in graph.initializer}
     added: dict[str, np.ndarray] = {
         "int8q_127": np.array(127, np.float32),
         "int8q_tiny": np.array(127e-12, np.float32),  # the max of an all-zero row
@@ -46,16 +104,6 @@ def int8_compute_graph(model_file: Path) -> bytes | None:
         "int8q_-1": np.array([-1], np.int64),
     }
 
-    def dequantised(name: str) -> tuple[str, str] | None:
-        """(int8 initializer, scale initializer) when ``name`` is ``Cast(int8) * scale``."""
-        mul = producer.get(name)
-        if mul is None or mul.op_type != "Mul":
-            return None
-        cast = producer.get(mul.input[0])
-        if cast is None or cast.op_type != "Cast" or types.get(cast.input[0]) != TensorProto.INT8 or mul.input[1] not in shapes:
-            return None
-        return cast.input[0], mul.input[1]
-
     nodes, quantised, converted, nan_checks = [], {}, 0, {}
     for node in graph.node:
         if node.op_type == "IsNaN":
@@ -65,29 +113,40 @@ def int8_compute_graph(model_file: Path) -> bytes | None:
             # real token (the tokenizer's [CLS]), so it is the identity.
             nodes.append(helper.make_node("Identity", [node.input[2]], [node.output[0]]))
             continue
-        weight = dequantised(node.input[1]) if node.op_type in ("MatMul", "Gather") and len(node.input) == 2 else None
-        if node.op_type == "MatMul" and weight and len(shapes[weight[0]]) == 2:
+        weight = weights.matmul(node)
+        if weight:
             w_q, w_scale = weight
             rows, cols = shapes[w_q]
-            if shapes[w_scale] not in ((), (1,), (1, cols)):  # the scale must factor out of the sum over rows
-                nodes.append(node)
-                continue
             x, out = node.input[0], node.output[0]
+            channels = outliers.get(x)
             added[f"int8q_rows{rows}"] = np.array([-1, rows], np.int64)
             added[f"int8q_cols{cols}"] = np.array([cols], np.int64)
             if x not in quantised:  # one quantisation per activation, shared by the MatMuls reading it (Q, K, V)
                 p = f"{x}__u8"
+                source = x
+                if channels:
+                    # The outlier channels out of the int8 part (zeroed, so they set no scale), and as float32 rows.
+                    keep = np.ones(rows, np.float32)
+                    keep[channels] = 0
+                    added[p + "_keep"] = keep
+                    added[p + "_channels"] = np.array(channels, np.int64)
+                    source = p + "_in"
+                    nodes += [
+                        helper.make_node("Mul", [x, p + "_keep"], [source]),
+                        helper.make_node("Reshape", [x, f"int8q_rows{rows}"], [p + "_x2d"]),
+                        helper.make_node("Gather", [p + "_x2d", p + "_channels"], [p + "_outliers"], axis=1),
+                    ]
                 nodes += [
                     # Per token (row): scale max|x| / 127, zero point 128; as 2-D rows for the per-axis ops.
-                    helper.make_node("ReduceMax", [x], [p + "_hi"], axes=[-1], keepdims=1),
-                    helper.make_node("ReduceMin", [x], [p + "_lo"], axes=[-1], keepdims=1),
+                    helper.make_node("ReduceMax", [source], [p + "_hi"], axes=[-1], keepdims=1),
+                    helper.make_node("ReduceMin", [source], [p + "_lo"], axes=[-1], keepdims=1),
                     helper.make_node("Neg", [p + "_lo"], [p + "_neg"]),
                     helper.make_node("Max", [p + "_hi", p + "_neg", "int8q_tiny"], [p + "_max"]),
                     helper.make_node("Div", [p + "_max", "int8q_127"], [p + "_scale3"]),
                     helper.make_node("Reshape", [p + "_scale3", "int8q_flat"], [p + "_scale"]),
                     helper.make_node("Shape", [p + "_scale"], [p + "_count"]),
                     helper.make_node("Expand", ["int8q_zp1", p + "_count"], [p + "_zp"]),
-                    helper.make_node("Reshape", [x, f"int8q_rows{rows}"], [p + "_2d"]),
+                    helper.make_node("Reshape", [source, f"int8q_rows{rows}"], [p + "_2d"]),
                     helper.make_node("QuantizeLinear", [p + "_2d", p + "_scale", p + "_zp"], [p], axis=0),
                     helper.make_node("Shape", [x], [p + "_shape"]),
                     helper.make_node("Slice", [p + "_shape", "int8q_0", "int8q_-1"], [p + "_lead"]),
@@ -98,12 +157,22 @@ def int8_compute_graph(model_file: Path) -> bytes | None:
                 helper.make_node("MatMulInteger", [p, w_q, "int8q_zp"], [out + "__i32"]),
                 helper.make_node("DequantizeLinear", [out + "__i32", p + "_scale"], [out + "__row"], axis=0),
                 helper.make_node("Mul", [out + "__row", w_scale], [out + "__2d"]),
+            ]
+            product = out + "__2d"
+            if channels:
+                # Their float32 weight rows (as dequantised in the original graph), added to the int8 product.
+                w_rows = numpy_helper.to_array(arrays[w_q])[channels].astype(np.float32)
+                added[out + "__outlier_rows"] = w_rows * numpy_helper.to_array(arrays[w_scale]).astype(np.float32)
+                nodes.append(helper.make_node("Gemm", [p + "_outliers", out + "__outlier_rows", product], [out + "__sum"]))
+                product = out + "__sum"
+            nodes += [
                 helper.make_node("Concat", [p + "_lead", f"int8q_cols{cols}"], [out + "__shape"], axis=0),
-                helper.make_node("Reshape", [out + "__2d", out + "__shape"], [out]),
+                helper.make_node("Reshape", [product, out + "__shape"], [out]),
             ]
             converted += 1
-        elif node.op_type == "Gather" and weight and shapes[weight[1]] in ((), (1,), (shapes[weight[0]][0], 1)):
-            (w_q, w_scale), ids, out = weight, node.input[1], node.output[0]
+        elif node.op_type == "Gather" and len(node.input) == 2 and (table := weights.dequantised(node.input[1])) \
+                and shapes[table[1]] in ((), (1,), (shapes[table[0]][0], 1)):
+            (w_q, w_scale), ids, out = table, node.input[1], node.output[0]
             axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
             if axis != 0:
                 nodes.append(node)
