@@ -21,6 +21,7 @@ from ...errors import InvalidInputError
 from ...retrieval.filters import parse_time
 
 CHUNK = 256  # memories per engine call on import: bounded memory, one transaction for the whole file
+OPTIMIZE_AFTER = 10_000  # memories imported past which the full-text index is merged (Store.optimize) afterwards
 MAX_INTEGER = 2**63 - 1  # SQLite's INTEGER
 
 
@@ -186,4 +187,6 @@ def run(engine: MemoryEngine, items: Callable[[], Iterable], report: ImportRepor
                 raise _DryRun
     except _DryRun:
         pass
+    if not report.dry_run and report.imported >= OPTIMIZE_AFTER:  # a big import leaves the index in many segments
+        engine.store.optimize()
     return report
