@@ -425,7 +425,7 @@ def backup(args):
     emit(args, result, f"Backed up {plural(result['memories'], 'memory', 'memories')} to {result['path']} ({plural(result['bytes'], 'byte')}).")
 
 
-@command("optimize", "merge the full-text index into one segment and refresh SQLite's statistics (safe while serving)", add_json)
+@command("optimize", "merge the full-text index into one segment (one write transaction: safe while serving)", add_json)
 def optimize(args):
     store = existing_store(args)
     try:
