@@ -193,8 +193,8 @@ def warmup_and_timed_questions(queries_n: int) -> tuple[list[str], list[str]]:
     return questions[-WARMUPS:], questions[:queries_n]
 
 
-def measure(work: Path, queries_n: int, exact_n: int, cache_max: int) -> dict:
-    cfg = config(work, vector_cache_max=cache_max)
+def measure(work: Path, queries_n: int, exact_n: int, cache_max: int, codes_max: int) -> dict:
+    cfg = config(work, vector_cache_max=cache_max, vector_codes_max=codes_max)
     questions = fresh_questions(QUESTION_SEED)
     out = {"db_mb": sum(p.stat().st_size for p in work.glob("scale.db*")) / 2**20, "rss_mb_open": None}
     with MemoryEngine(cfg) as engine:
@@ -221,6 +221,7 @@ def measure(work: Path, queries_n: int, exact_n: int, cache_max: int) -> dict:
         out["rss_mb_after"] = rss_mb()
         out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         out["quantized_vectors"] = engine.index.quantized_size
+        out["vector_codes_max"] = codes_max
         out["memories"] = engine.store.read("SELECT count(*) FROM memories WHERE session_id = ?", (SESSION,))[0][0]
         out["exact_queries"] = exact_n
         if not exact_n:
@@ -234,11 +235,13 @@ def measure(work: Path, queries_n: int, exact_n: int, cache_max: int) -> dict:
     return out
 
 
-def fresh_measure(work: Path, queries_n: int, exact_n: int, cache_max: int | None = None) -> dict:
+def fresh_measure(work: Path, queries_n: int, exact_n: int, cache_max: int | None = None, codes_max: int | None = None) -> dict:
     """``measure`` in a fresh process, so RSS and first-recall time are a recall process's own."""
     cache_max = TinyContextConfig().vector_cache_max if cache_max is None else cache_max
+    codes_max = TinyContextConfig().vector_codes_max if codes_max is None else codes_max
     proc = subprocess.run([sys.executable, __file__, "--measure-only", "--workdir", str(work), "--queries", str(queries_n),
-                           "--exact", str(exact_n), "--cache-max", str(cache_max)], check=True, capture_output=True, text=True)
+                           "--exact", str(exact_n), "--cache-max", str(cache_max), "--codes-max", str(codes_max)],
+                          check=True, capture_output=True, text=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -252,18 +255,20 @@ def main() -> None:
     parser.add_argument("--exact", type=int, default=50, help="queries checked against exact search (0: none)")
     parser.add_argument("--cache-max", type=int, default=TinyContextConfig().vector_cache_max,
                         help="vector_cache_max for recall (sessions above it are held quantised)")
+    parser.add_argument("--codes-max", type=int, default=TinyContextConfig().vector_codes_max,
+                        help="vector_codes_max for recall (quantised sessions up to it hold their codes in RAM at 4 bits)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # the fresh recall process
     args = parser.parse_args()
     if args.measure_only:
-        print(json.dumps(measure(args.workdir, args.queries, args.exact, args.cache_max)))
+        print(json.dumps(measure(args.workdir, args.queries, args.exact, args.cache_max, args.codes_max)))
         return
     args.workdir.mkdir(parents=True, exist_ok=True)
     result = {"command": " ".join(sys.argv), "loadavg_start": os.getloadavg()}
     if not args.reuse:
         result["build"] = build(args.workdir, args.memories, args.batch)
         print(json.dumps(result["build"]), flush=True)
-    result["recall"] = fresh_measure(args.workdir, args.queries, args.exact, args.cache_max)
+    result["recall"] = fresh_measure(args.workdir, args.queries, args.exact, args.cache_max, args.codes_max)
     result["loadavg_end"] = os.getloadavg()
     print(json.dumps(result, indent=2))
     if args.json:

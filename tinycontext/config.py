@@ -169,7 +169,8 @@ class TinyContextConfig(BaseModel):
     vector_quantized_max: int = Field(20_000_000, ge=0)
     # Two-stage sessions up to this many vectors also hold their codes in RAM at 4 bits (196 bytes a vector at
     # 384 dimensions) to rank the candidates, so only the best few hundred int8 codes are read per query.
-    vector_codes_max: int = Field(2_000_000, ge=0)
+    # 10M: RSS ~2.4 GB at 8.5M memories (a 10M session ~2.8 GB; notes/bench_scale.md, session 13).
+    vector_codes_max: int = Field(10_000_000, ge=0)
     # Read-only connections recall and other reads use at once (WAL: they do not wait for each other or
     # for a write); 0: reads share the write connection.
     read_connections: int = Field(4, ge=0, le=64)
