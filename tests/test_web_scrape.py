@@ -375,6 +375,33 @@ def test_the_budget_left_by_merged_windows_goes_to_the_next_best_units():
         assert budget - fitted.tokens < unit + 20, (budget, fitted.text_tokens, fitted.structured_tokens)
 
 
+def test_a_heading_framed_only_by_a_unit_given_back_is_priced_again():
+    """The heading "Opening hours" comes twice, so its second unit is priced without a frame yet shown with
+    one; the round overshoots and gives back its last unit, the tolls under a long heading. A later round
+    must price that heading again: taken as already shown, the tolls are retried and given back again, and
+    the notes that would fit in their place are left out."""
+    from tinycontext.web.chunk import chunk_markdown
+    from tinycontext.web.fetch import FetchResult
+    from tinycontext.web.pages import PageResult, ScrapeItem
+    from tinycontext.web.present import scrape_page
+
+    counter = TokenCounter()
+    hours = "Opening hours of the harbour offices and the customs sheds along the quay"
+    tolls = "Tolls paid by barges that carry grain, coal and timber from the upper river to the sea ports"
+    markdown = (f"## {hours}\n\nThe office opens at eight.\n\n## Fees\n\nA berth costs ten crowns.\n\n"
+                f"## {hours}\n\nThe sheds close at six.\n\n## {tolls}\n\nEach barge pays by the tonne at the lock.\n\n"
+                "## Notes\n\n" + "\n\n".join(f"Note {i}: quay {i} is dredged." for i in range(8)))
+    chunks = chunk_markdown(markdown, counter, max_tokens=256, passage_tokens=40)
+    page = PageResult(ScrapeItem("http://x/p", "quay"), FetchResult(url="http://x/p", final_url="http://x/p"), "ok",
+                      title="Port", chunks=chunks)  # ranked in page order
+    unit = max(c.tokens for c in chunks)
+    for budget in range(150, 201):
+        fitted = scrape_page([page], max_tokens=budget, counter=counter, links_max_tokens=0)
+        assert counter.count(fitted.text) <= budget and counter.count(to_json(fitted.structured)) <= budget
+        # Less than a note and its window's keys and offsets is left, in the form that binds.
+        assert budget - fitted.tokens < unit + 20, (budget, fitted.chosen, fitted.text_tokens, fitted.structured_tokens)
+
+
 def test_a_passage_next_to_a_good_one_in_its_section_moves_up():
     from tinycontext.web.rank import boost_neighbours
 

@@ -253,6 +253,9 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
                 break
             index, chunk = candidates[chosen.pop()]  # the estimate fell short (frames, escaping): give back the last unit
             taken[index].discard(chunk.position)
+        # A heading framed only by units given back is not shown: the next round prices its frame again.
+        named.clear()
+        named.update((candidates[k][0], candidates[k][1].heading_path) for k in chosen)
         if len(chosen) == before:
             break
         fitted = trial
