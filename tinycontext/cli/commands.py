@@ -425,6 +425,16 @@ def backup(args):
     emit(args, result, f"Backed up {plural(result['memories'], 'memory', 'memories')} to {result['path']} ({plural(result['bytes'], 'byte')}).")
 
 
+@command("optimize", "merge the full-text index into one segment (one write transaction: safe while serving)", add_json)
+def optimize(args):
+    store = existing_store(args)
+    try:
+        result = store.optimize()
+    finally:
+        store.close()
+    emit(args, result, f"Full-text index: {plural(result['fts_segments_before'], 'segment')} merged into {result['fts_segments']}.")
+
+
 # -- entry point ------------------------------------------------------------------------------
 
 

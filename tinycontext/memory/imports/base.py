@@ -11,17 +11,26 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Iterable, Iterator
 
 from ..checks import check_session
 from ..engine import MemoryEngine
-from ...errors import InvalidInputError
+from ...errors import InvalidInputError, StorageError
 from ...retrieval.filters import parse_time
 
 CHUNK = 256  # memories per engine call on import: bounded memory, one transaction for the whole file
+# An import of this many memories, and of at least OPTIMIZE_SHARE of the database's memories after it, ends by
+# merging the full-text index (Store.optimize): one big transaction leaves it in many segments. The merge
+# rewrites the whole index (8.7 s at 1M memories, where importing them took 187 s: notes/bench_scale.md), so
+# a small import into a big database leaves it to FTS5's own merging or `tinycontext optimize`.
+OPTIMIZE_AFTER = 10_000
+OPTIMIZE_SHARE = 0.1
 MAX_INTEGER = 2**63 - 1  # SQLite's INTEGER
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -186,4 +195,19 @@ def run(engine: MemoryEngine, items: Callable[[], Iterable], report: ImportRepor
                 raise _DryRun
     except _DryRun:
         pass
+    if not report.dry_run and not engine.store.writing and report.imported >= OPTIMIZE_AFTER:
+        _optimize(engine, report)
     return report
+
+
+def _optimize(engine: MemoryEngine, report: ImportReport) -> None:
+    """Merge the full-text index after the import committed (in its own transaction: not when the import
+    joined a caller's, which it would lengthen). The import stands whatever happens here."""
+    if report.imported < OPTIMIZE_SHARE * engine.store.count_memories():
+        return
+    try:
+        with engine.index.write():  # the merge changes no vector: the in-RAM copy the import kept stays current
+            engine.store.optimize()
+    except StorageError as exc:  # e.g. another writer held the lock past the timeout
+        log.warning("Imported %d memories; merging the full-text index afterwards failed (%s). Searches are unaffected; "
+                    "`tinycontext optimize` merges it later.", report.imported, exc)
