@@ -35,11 +35,14 @@ def hits(scores: np.ndarray, ids: np.ndarray, depth: int, positive: bool) -> lis
     return [(int(ids[i]), float(scores[i])) for i in order]
 
 
-def questions(path: str, depth: int, floor: float, widen=None):
+def questions(path: str, depth: int, floor: float, widen=None, adapt=None):
     """Per question: (category, candidate turns' ids, their features, evidence flags, evidence count,
     the rrf fusion's ranking). ``widen(signals, j, question, info, bm25, dense)``, if given, returns the
-    BM25 and dense lists question ``j`` fuses instead of the top ``depth`` of each (a candidate lever)."""
-    c = np.load(path, allow_pickle=False)
+    BM25 and dense lists question ``j`` fuses instead of the top ``depth`` of each (a candidate lever);
+    ``adapt(query_vectors)``, if given, returns the query vectors every dense signal uses instead."""
+    c = dict(np.load(path, allow_pickle=False))
+    if adapt is not None:
+        c["qvec"] = adapt(c["qvec"])
     ids = c["ids"]
     info = {int(i): (int(e), str(s) or None) for i, e, s in zip(ids, c["episode"], c["speaker"])}
     chars = {int(i): len(str(t)) for i, t in zip(ids, c["content"])}

@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "datasets" / "scifact"
 DEPTH = 100
 SHIPS = "ships (score fusion, first window, flat BM25)"
+ADAPTED = "ships, --queries vectors"
 
 
 def passages(tokenizer, text: str, window: int, stride: int) -> list[str]:
@@ -84,6 +85,8 @@ def main() -> None:
     parser.add_argument("--title-prefix", action="store_true", help="each further passage starts with the document's first line (its title)")
     parser.add_argument("--report", nargs="*", default=[SHIPS], help="configs also scored on test")
     parser.add_argument("--only", nargs="*", help="only these configs (names as printed; default: all)")
+    parser.add_argument("--queries", type=Path, help="an .npz of qids and query vectors (fit_query_adapter.py's held-out "
+                        "adapted vectors): adds ADAPTED, what ships with these vectors instead, scored on train only")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -112,6 +115,10 @@ def main() -> None:
         np.savez(signals, vectors=vectors, owner=owner, is_first=is_first, queries=queries)
     z = np.load(signals)
     vectors, owner, is_first, queries = z["vectors"], z["owner"], z["is_first"], z["queries"]
+    adapted = queries.copy()
+    if args.queries:
+        given = np.load(args.queries)
+        adapted[[qids.index(str(q)) for q in given["qids"]]] = given["queries"]
 
     # BM25 as the engine computes it (keyword-only database of the same documents).
     db = args.workdir / "keyword.db"
@@ -145,33 +152,34 @@ def main() -> None:
     mean_vec /= np.linalg.norm(mean_vec, axis=1, keepdims=True)
     first_vec = vectors[is_first]
 
-    def dense(j: int, how: str) -> list[tuple[int, float]]:
+    def dense(j: int, how: str, query: np.ndarray) -> list[tuple[int, float]]:
         if how == "first":
-            score = first_vec @ queries[j]
+            score = first_vec @ query
         elif how == "mean":
-            score = mean_vec @ queries[j]
+            score = mean_vec @ query
         else:
-            sims = vectors @ queries[j]
+            sims = vectors @ query
             score = np.full(len(docs), -2.0, np.float32)
             np.maximum.at(score, owner, sims)
             if how.startswith("blend"):  # blend:a = a * max + (1 - a) * first
                 a = float(how.split(":")[1])
-                score = a * score + (1 - a) * (first_vec @ queries[j])
+                score = a * score + (1 - a) * (first_vec @ query)
         top = np.argsort(-score, kind="stable")[:DEPTH]
         return [(int(i), float(score[i])) for i in top]
 
     def run(split: str, how: str, *, weight: float = 0.5, k: float = 10, title_weight: float | None = None,
-            share: float | None = None, exact: bool = False) -> dict[str, float]:
+            share: float | None = None, exact: bool = False, vectors_of: np.ndarray = queries) -> dict[str, float]:
         """nDCG@10 per query; ``share``: score fusion with that dense share (else weighted RRF); ``exact``:
-        a BM25 hit outside the dense list gets its own cosine (the stored vector), not none."""
+        a BM25 hit outside the dense list gets its own cosine (the stored vector), not none; ``vectors_of``:
+        the query vectors (row per qid)."""
         out = {}
         for q in splits[split]:
             j = qids.index(q)
             lexical = bm25[q] if title_weight is None else field_bm25(data.queries[q], title_weight)
-            semantic = dense(j, how) if weight > 0 else []
+            semantic = dense(j, how, vectors_of[j]) if weight > 0 else []
             ranked, _ = relevance_floor(fuse(lexical, semantic, dense_weight=weight, k=k), 0.3)
             if exact:
-                cosine = first_vec @ queries[j]
+                cosine = first_vec @ vectors_of[j]
                 for c in ranked:
                     c.dense = float(cosine[c.id]) if c.dense is None else c.dense
             if share is not None:
@@ -183,6 +191,9 @@ def main() -> None:
     results: dict = {"stride": args.stride, "title_prefix": args.title_prefix, "window": window, "docs_longer": len(set(owner[~is_first].tolist())),
                      "further_passages": int((~is_first).sum())}
     configs = {SHIPS: dict(how="first", share=SCORE_FUSION_DENSE_SHARE), "weighted RRF (before score fusion)": dict(how="first")}
+    if args.queries:
+        configs[ADAPTED] = dict(how="first", share=SCORE_FUSION_DENSE_SHARE, vectors_of=adapted)
+        configs[ADAPTED + ", dense only"] = dict(how="first", weight=1.0, vectors_of=adapted)
     # Score fusion with exact cosines for BM25 hits outside the dense list, and with a title column.
     for share in (0.25, 0.35, 0.45):
         configs[f"score fusion {share}, exact cosines"] = dict(how="first", share=share, exact=True)

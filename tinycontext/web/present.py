@@ -4,8 +4,9 @@ Counted with the renderer recall uses (:mod:`tinycontext.render`: the configured
 JSON, frames included). A page's units (paragraphs, list items, table rows) are chosen whole, best
 first; one that does not fit is skipped and the budget is filled with the next best that do, never
 with cut text. Chosen neighbours of one section are shown as one window of original text. Framing is
-small: a heading path is named once, where it changes, and a window that does not follow the one
-before it starts with ``[…]``; offsets are in the structured content.
+small: a heading path is named once, where it changes (less a first heading that begins the page's
+title: the header names it), and a window that does not follow the one before it starts with ``[…]``;
+offsets are in the structured content.
 """
 
 from __future__ import annotations
@@ -51,8 +52,12 @@ def _pick_links(pages: Sequence[PageResult], budget: int, counter: TokenCounter)
     return picked
 
 
-def _heading(chunk) -> str:
-    return " > ".join(one_line(h) for h in chunk.heading_path)
+def _heading(chunk, title: str) -> str:
+    """The chunk's heading path, less a first heading that begins the page's title: the answer's header names it."""
+    path = [one_line(h) for h in chunk.heading_path]
+    if len(path) > 1 and path[0] and one_line(title).startswith(path[0]):
+        path = path[1:]
+    return " > ".join(path)
 
 
 @dataclass
@@ -79,7 +84,7 @@ def _windows(chosen: list[tuple[int, Chunk, int]]) -> list[_Window]:
     return windows
 
 
-def _frames(windows: list[_Window]) -> list[str | None]:
+def _frames(windows: list[_Window], titles: list[str]) -> list[str | None]:
     """Per window in display order: its heading path when it changes (or ``[…]`` when the window does not
     follow the one before it); None for the first window of a page without headings."""
     out: list[str | None] = []
@@ -88,7 +93,7 @@ def _frames(windows: list[_Window]) -> list[str | None]:
         first = window.chunks[0]
         same_page = previous is not None and previous.page == window.page
         if first.heading_path and (not same_page or previous.chunks[-1].heading_path != first.heading_path):
-            out.append(_heading(first))
+            out.append(_heading(first, titles[window.page]))
         elif same_page or first.position > 0:
             out.append("")  # not where the page (or the previous window) leaves off: say so
         else:
@@ -161,7 +166,7 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
         windows = _windows([(candidates[k][0], candidates[k][1], k) for k in chosen])
         if order == "rank":
             windows.sort(key=lambda w: (w.page, w.rank))
-        return list(zip(windows, _frames(windows)))
+        return list(zip(windows, _frames(windows, [page.title for page in pages])))
 
     def render(chosen: list[int], needed: int | None = None) -> Page:
         fitted = Page(max_tokens, list(chosen), [], None, needed)
@@ -231,7 +236,7 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
                 cost_text, cost_json = chunk.tokens + 2, json_cost[k] + 1
             else:
                 heading = (index, chunk.heading_path) not in named and bool(chunk.heading_path)
-                frame = counter.count(_heading(chunk)) if heading else 0
+                frame = counter.count(_heading(chunk, pages[index].title)) if heading else 0
                 cost_text, cost_json = chunk.tokens + _WINDOW_TEXT_COST + frame, json_cost[k] + _WINDOW_JSON_COST + frame
             if used_text + cost_text <= max_tokens and used_json + cost_json <= max_tokens:
                 chosen.append(k)
@@ -253,6 +258,9 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
                 break
             index, chunk = candidates[chosen.pop()]  # the estimate fell short (frames, escaping): give back the last unit
             taken[index].discard(chunk.position)
+        # A heading framed only by units given back is not shown: the next round prices its frame again.
+        named.clear()
+        named.update((candidates[k][0], candidates[k][1].heading_path) for k in chosen)
         if len(chosen) == before:
             break
         fitted = trial
