@@ -42,7 +42,7 @@ from scipy.optimize import minimize
 import locomo_fusion as lf
 import locomo_levers as ll
 from evals.datasets import load_beir
-from scifact_passages import SCIFACT
+from scifact_passages import SCIFACT, ndcg_per_query
 
 POOL = 100
 FOLDS = 5
@@ -147,14 +147,10 @@ def dense_recall10(queries: np.ndarray, path: str) -> float:
 
 
 def dense_ndcg10(queries: np.ndarray, docs: np.ndarray, relevant: list[list[int]]) -> float:
-    """Mean nDCG@10 (binary relevance) of the dense ranking alone."""
+    """Mean nDCG@10 (binary relevance, ir_measures as scifact_passages scores) of the dense ranking alone."""
     top = np.argsort(-(queries @ docs.T), axis=1, kind="stable")[:, :10]
-    gains = 1 / np.log2(np.arange(2, 12))
-    out = []
-    for j, rel in enumerate(relevant):
-        hit = np.isin(top[j], rel)
-        out.append((hit * gains).sum() / gains[:min(len(rel), 10)].sum())
-    return float(np.mean(out))
+    qrels = {str(j): {str(d): 1 for d in rel} for j, rel in enumerate(relevant)}
+    return float(np.mean(list(ndcg_per_query(qrels, {str(j): [str(d) for d in row] for j, row in enumerate(top.tolist())}).values())))
 
 
 def best(score: dict) -> dict:
