@@ -84,7 +84,7 @@ def _windows(chosen: list[tuple[int, Chunk, int]]) -> list[_Window]:
     return windows
 
 
-def _frames(windows: list[_Window], titles: list[str]) -> list[str | None]:
+def _frames(windows: list[_Window], pages: Sequence[PageResult]) -> list[str | None]:
     """Per window in display order: its heading path when it changes (or ``[…]`` when the window does not
     follow the one before it); None for the first window of a page without headings."""
     out: list[str | None] = []
@@ -93,7 +93,7 @@ def _frames(windows: list[_Window], titles: list[str]) -> list[str | None]:
         first = window.chunks[0]
         same_page = previous is not None and previous.page == window.page
         if first.heading_path and (not same_page or previous.chunks[-1].heading_path != first.heading_path):
-            out.append(_heading(first, titles[window.page]))
+            out.append(_heading(first, pages[window.page].title))
         elif same_page or first.position > 0:
             out.append("")  # not where the page (or the previous window) leaves off: say so
         else:
@@ -166,7 +166,7 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
         windows = _windows([(candidates[k][0], candidates[k][1], k) for k in chosen])
         if order == "rank":
             windows.sort(key=lambda w: (w.page, w.rank))
-        return list(zip(windows, _frames(windows, [page.title for page in pages])))
+        return list(zip(windows, _frames(windows, pages)))
 
     def render(chosen: list[int], needed: int | None = None) -> Page:
         fitted = Page(max_tokens, list(chosen), [], None, needed)
