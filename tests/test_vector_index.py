@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.memory import vector_index
+from tinycontext.memory import codes, vector_index
 from tinycontext.memory.transfer import export_jsonl, import_jsonl
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike",
@@ -383,3 +383,23 @@ def test_vectors_by_id_are_the_stored_ones(filled, cache_max):
         eng.update(ids[0], "a different text")
         vector = SpreadEmbedder().embed_documents(["a different text"])[0]
         assert np.allclose(eng.candidate_search.vectors([ids[0]])[ids[0]], vector / np.linalg.norm(vector), atol=1e-6)
+
+
+@pytest.mark.parametrize("dimensions", [384, 40, 1000])  # bits 48 -> 64 bytes, 5 -> 8, 125 (no faster size: as they are)
+def test_hamming_stage_keeps_the_nearest_rows(dimensions):
+    """The first stage keeps rows at the smallest Hamming distances from the query's bits (the padding
+    adds no distance), only rows the mask allows."""
+    rng = np.random.default_rng(7)
+    centre = np.zeros(dimensions, np.float32)
+    rows = rng.standard_normal((3000, dimensions)).astype(np.float32)
+    bits = codes.sign_bits(rows, centre)
+    block = vector_index._QuantBlock(centre=centre)
+    block.append_bits(np.arange(1000, dtype=np.int64), bits[:1000])
+    block.append_bits(np.arange(1000, 3000, dtype=np.int64), bits[1000:])  # grown in place
+    for query, mask in ((rows[5] + 0.5 * rng.standard_normal(dimensions), None),
+                        (rng.standard_normal(dimensions), rng.random(3000) < 0.3)):
+        distance = np.unpackbits(bits ^ codes.sign_bits(query[None, :], centre), axis=1).sum(axis=1)
+        allowed = np.ones(3000, bool) if mask is None else mask
+        found = block.nearest_bits(query.astype(np.float32), 200, mask)
+        assert len(set(found.tolist())) == 200 and allowed[found].all()
+        assert sorted(distance[found]) == sorted(distance[allowed])[:200]

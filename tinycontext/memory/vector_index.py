@@ -20,8 +20,8 @@ The copy stays exact:
 Sessions larger than ``max_vectors`` (the ``vector_cache_max`` setting; 0 disables the copy) are
 searched in two stages over the compact codes every vector has beside it (tinycontext/memory/codes.py),
 up to ``quantized_max`` vectors (``vector_quantized_max``; 0: never): the sign bits of all the
-session's rows are held in RAM (48 bytes a vector at 384 dimensions: 10M vectors take ~560 MB with
-their ids) and scanned by Hamming distance (faiss, one thread, filters applied inside the scan as a
+session's rows are held in RAM (48 bytes a vector at 384 dimensions, padded to 64 for the scan: 10M vectors
+take ~720 MB with their ids) and scanned by Hamming distance (faiss, one thread, filters applied inside the scan as a
 bitmap); the best :func:`rescore_depth` are rescored by their int8 codes, read from ``memory_codes`` by
 id. Reading thousands of codes per query costs most of it (notes/bench_scale.md), so sessions up to
 ``codes_max`` vectors (``vector_codes_max``) also hold every code in RAM at 4 bits (``codes.nibbles``,
@@ -50,6 +50,10 @@ from . import codes
 from .codes import unit as _unit
 from .store import Store, vector_blobs
 
+# faiss scans codes of these sizes (bytes) with unrolled popcounts, others with a generic loop that is ~2x slower
+# (48 bytes at 384 dimensions: 4.9 vs 2.9 ms CPU for 1M rows, notes/bench_scale.md): the held bits are padded with
+# zero bytes, which add no distance, to the next of them.
+SCAN_WIDTHS = (4, 8, 16, 20, 32, 64)
 # Near-duplicate checks multiply the batch against the session in slices of at most this many
 # similarities (64 MB of float32), so a 1,000-memory batch into a 100k session stays small.
 NEAREST_CHUNK = 16_000_000
@@ -151,6 +155,7 @@ class _QuantBlock:
     def append_bits(self, ids: np.ndarray, bits: np.ndarray, packed: np.ndarray | None = None) -> None:
         """Append rows' bits and (when held) their int8 codes ``packed``, kept at 4 bits."""
         need = self.n + len(ids)
+        bits = _scan_width(bits)
         if self._codes is not None:
             packed = codes.nibbles(packed)
         if need > len(self._ids):
@@ -179,7 +184,7 @@ class _QuantBlock:
     def replace(self, memory_id: int, coded: codes.Coded) -> None:
         at = np.flatnonzero(self.ids == memory_id)
         bits, packed = self._codes_of(coded)
-        self._bits[at] = bits
+        self._bits[at] = _scan_width(bits)
         if packed is not None:
             self._codes[at] = codes.nibbles(packed)
 
@@ -191,6 +196,24 @@ class _QuantBlock:
                 self._codes[i] = self._codes[last]
             self.n = last
 
+    def nearest_bits(self, query: np.ndarray, depth: int, mask: np.ndarray | None) -> np.ndarray:
+        """Positions of ``depth`` rows nearest to the unit ``query`` by Hamming distance of the sign bits
+        (only rows where ``mask`` is set, skipped inside the scan), in no particular order."""
+        selector = None
+        if mask is not None:
+            bitmap = np.packbits(mask, bitorder="little")
+            selector = faiss.IDSelectorBitmap(self.n, faiss.swig_ptr(bitmap))
+        distances = np.empty((1, depth), np.int32)
+        positions = np.full((1, depth), -1, np.int64)
+        q_bits = np.ascontiguousarray(_scan_width(codes.sign_bits(query[None, :], self.centre)))
+        bits = self._bits[: self.n]
+        _one_faiss_thread()
+        # Counting (histogram of distances, then one pass to collect) rather than a k-heap: 4,000 of ~1M rows
+        # kept make the heap's inserts most of the scan (hammings_knn_hc: 4.7 vs 2.9 ms CPU at 1M, the same rows).
+        faiss.hammings_knn_mc(faiss.swig_ptr(q_bits), faiss.swig_ptr(bits), 1, self.n, depth, bits.shape[1],
+                              faiss.swig_ptr(distances), faiss.swig_ptr(positions), selector)
+        return positions[0][positions[0] >= 0]
+
     def search(self, conn, query: np.ndarray, count: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """About ``count`` (id, cosine) of the rows most similar to the unit ``query``: the
         :func:`rescore_depth` nearest by Hamming distance (only rows where ``mask`` is set, skipped
@@ -200,19 +223,7 @@ class _QuantBlock:
         depth = min(allowed, rescore_depth(count))
         if depth <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        selector = None
-        if mask is not None:
-            bitmap = np.packbits(mask, bitorder="little")
-            selector = faiss.IDSelectorBitmap(self.n, faiss.swig_ptr(bitmap))
-        distances = np.empty((1, depth), np.int32)
-        positions = np.empty((1, depth), np.int64)
-        heap = faiss.int_maxheap_array_t()
-        heap.k, heap.nh, heap.ids, heap.val = depth, 1, faiss.swig_ptr(positions), faiss.swig_ptr(distances)
-        q_bits = np.ascontiguousarray(codes.sign_bits(query[None, :], self.centre))
-        bits = self._bits[: self.n]
-        _one_faiss_thread()
-        faiss.hammings_knn_hc(heap, faiss.swig_ptr(q_bits), faiss.swig_ptr(bits), self.n, bits.shape[1], 0, faiss.EXACT_TOPK, selector)
-        found = positions[0][positions[0] >= 0]
+        found = self.nearest_bits(query, depth, mask)
         ids = self.ids[found]
         if self._codes is not None and len(found) > recheck_depth(count):
             with _one_blas_thread():
@@ -242,6 +253,12 @@ def _exact_border(conn, ids: np.ndarray, scores: np.ndarray, query: np.ndarray, 
         if blob is not None:
             scores[i] = _unit(np.frombuffer(blob, np.float32)) @ query
     return scores
+
+
+def _scan_width(bits: np.ndarray) -> np.ndarray:
+    """``bits`` (rows of packed sign bits) padded with zero bytes to the next of SCAN_WIDTHS."""
+    width = next((w for w in SCAN_WIDTHS if w >= bits.shape[1]), bits.shape[1])
+    return bits if width == bits.shape[1] else np.pad(bits, ((0, 0), (0, width - bits.shape[1])))
 
 
 def _grown(array: np.ndarray, n: int, capacity: int, width: int) -> np.ndarray:
