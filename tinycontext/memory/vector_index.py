@@ -57,7 +57,8 @@ SCAN_WIDTHS = (4, 8, 16, 20, 32, 64)
 # Near-duplicate checks multiply the batch against the session in slices of at most this many
 # similarities (64 MB of float32), so a 1,000-memory batch into a 100k session stays small.
 NEAREST_CHUNK = 16_000_000
-# Rows fetched from sqlite-vec per slice when loading.
+# Rows fetched per slice when loading a session (float vectors from sqlite-vec, or bits and codes): the raw rows
+# of a slice are most of the load's peak RSS (65,536 rows of bits and codes: +100 MB at 1M, notes/bench_scale.md).
 LOAD_SLICE = 8192
 # Quantised sessions: candidates the Hamming stage keeps for int8 rescoring (at least RESCORE_MIN,
 # RESCORE_PER_HIT per requested hit); chosen so that recall@10 stays near exact search at 100k-10M
@@ -420,7 +421,7 @@ class VectorIndex:
         else:
             sql = "SELECT memory_id, bits FROM memory_bits WHERE session_id = ?"
         cursor = self.store.conn.execute(sql, (session,))
-        while rows := cursor.fetchmany(LOAD_SLICE * 8):
+        while rows := cursor.fetchmany(LOAD_SLICE):
             bits = np.frombuffer(b"".join(r[1] for r in rows), np.uint8).reshape(len(rows), -1)
             packed = np.frombuffer(b"".join(r[2] for r in rows), np.uint8).reshape(len(rows), -1) if with_codes else None
             block.append_bits(np.array([r[0] for r in rows], np.int64), bits, packed)
