@@ -164,12 +164,13 @@ class TinyContextConfig(BaseModel):
     max_batch_size: int = Field(1000, ge=1)
     # Vectors held in RAM for fast exact dense search (0: always query sqlite-vec); bigger sessions use sqlite-vec.
     vector_cache_max: int = Field(200_000, ge=0)
-    # Bigger sessions are searched in two stages up to this many vectors: sign bits in RAM (~56 bytes a
-    # vector with its id), int8 codes read from the database for the candidates (tinycontext/memory/vector_index.py).
+    # Bigger sessions are searched in two stages up to this many vectors: sign bits in RAM (~72 bytes a
+    # vector with its id: 48 bytes of bits at 384 dimensions, held padded to 64 for faiss's faster scan), int8 codes
+    # read from the database for the candidates (tinycontext/memory/vector_index.py).
     vector_quantized_max: int = Field(20_000_000, ge=0)
     # Two-stage sessions up to this many vectors also hold their codes in RAM at 4 bits (196 bytes a vector at
     # 384 dimensions) to rank the candidates, so only the best few hundred int8 codes are read per query.
-    # 10M: RSS ~2.4 GB at 8.5M memories (a 10M session ~2.8 GB; notes/bench_scale.md, session 13).
+    # 10M: RSS ~2.5 GB at 8.5M memories (a 10M session ~2.9 GB; notes/bench_scale.md, session 15).
     vector_codes_max: int = Field(10_000_000, ge=0)
     # Read-only connections recall and other reads use at once (WAL: they do not wait for each other or
     # for a write); 0: reads share the write connection.
