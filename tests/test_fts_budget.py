@@ -3,16 +3,11 @@ the rows to score exceed the budget (they still score the rows kept); otherwise 
 
 from __future__ import annotations
 
-import json
-import re
-
 import pytest
 from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.memory import candidates
 from tinycontext.retrieval.bounded_bm25 import COUNT, bounded_match
-from tinycontext.retrieval.filters import Filters
 from tinycontext.retrieval.fusion import fts_query
 
 
@@ -103,18 +98,16 @@ def test_word_counts_are_kept_until_the_database_changes(tmp_path, monkeypatch):
         expected = ('"rare" OR "middling"', '"common" OR "usual"')
         assert bounded_match(engine.store, query, 20, counts=counts) == expected and len(calls) == 4
         assert bounded_match(engine.store, query, 20, counts=counts) == expected and len(calls) == 4  # kept
-        # The engine's search uses them, and counts the set-aside words' rows in full once (their IDF, AsideScorer).
-        assert engine.candidate_search.bm25(query, "s", [], 100)[:1] and calls[4:] == ['"common"', '"usual"']
-        assert engine.candidate_search.bm25(query, "s", [], 100)[:1] and len(calls) == 6
+        assert engine.candidate_search.bm25(query, "s", [], 100)[:1] and len(calls) == 4  # the engine's search uses them
         extra = engine.save([f"middling extra{i}" for i in range(12)], session_id="s")["ids"]  # middling: 10 -> 22 rows
         assert bounded_match(engine.store, query, 20, counts=counts) == ('"rare"', '"common" OR "middling" OR "usual"')
-        assert len(calls) == 10
+        assert len(calls) == 8
         assert extra[-1] == engine.store.read("SELECT max(id) FROM memories")[0][0]
         other = MemoryEngine(engine.config, embedder=HashEmbedder())  # another connection to the same file
         with other:
             for memory_id in [i for i, in engine.store.read("SELECT id FROM memories WHERE content LIKE 'common%middling%'")][:6]:
                 other.delete(memory_id)  # middling: 22 -> 16 rows, the highest id unchanged
-        assert bounded_match(engine.store, query, 20, counts=counts) == expected and len(calls) == 14
+        assert bounded_match(engine.store, query, 20, counts=counts) == expected and len(calls) == 12
         assert counts.count(["rare", "middling"], 1, 10**6, 1000) == [2, 16]
 
 
@@ -130,75 +123,3 @@ def test_word_counts_inside_a_write_are_not_kept(tmp_path):
                 assert counts.count(["rare"], 1, 1000, 21) == [3]
                 raise RuntimeError("roll back")
         assert counts.count(["rare"], 1, 1000, 21) == [2]
-
-
-def _locomo(shared_dir, turns: int) -> tuple[list[str], list[str]]:
-    """Real text: the first LoCoMo dev conversations' turns ("Speaker: text") and their questions."""
-    data = json.loads((shared_dir / "datasets" / "locomo" / "locomo-dev.json").read_text(encoding="utf-8"))
-    texts, questions = [], []
-    for conv in data:
-        c = conv["conversation"]
-        for key in sorted((k for k in c if re.fullmatch(r"session_\d+", k)), key=lambda k: int(k.split("_")[1])):
-            texts += [f"{t['speaker']}: {t['text']}" for t in c[key]]
-        questions += [q["question"] for q in conv["qa"]]
-        if len(texts) >= turns:
-            return texts[:turns], questions
-    return texts, questions
-
-
-def _two_queries(monkeypatch):
-    """Make CandidateSearch answer set-aside words with FTS5's second query, as before AsideScorer."""
-    monkeypatch.setattr(candidates, "best_with_aside", lambda *args: None)
-    monkeypatch.setattr(candidates, "ASIDE_WINDOW", 0)
-
-
-def test_set_aside_words_scored_here_are_fts5s_scores(tmp_path, shared_dir, monkeypatch):
-    """The set-aside words' share computed from FTS5's counts, lengths and the rows' own tokens gives the
-    two FTS5 queries' list exactly (same ids, same floats), on real text, with sessions, tags and filters,
-    and also when the window of kept rows runs out before the bound is met; and it matches the unbounded
-    search's scores for the rows holding a kept word."""
-    texts, questions = _locomo(shared_dir, 900)
-    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", recall_fts_budget=60)
-    with MemoryEngine(config, embedder=HashEmbedder()) as engine:
-        for start in range(0, len(texts), 150):  # three sessions saved interleaved, so their id ranges mix
-            tags = ["even"] if start // 150 % 2 == 0 else []
-            engine.save([{"content": t, "tags": tags} for t in texts[start:start + 150]], session_id="abc"[start // 150 % 3])
-        search, answered = engine.candidate_search, []
-        best = candidates.best_with_aside
-
-        def recorded(*args):
-            hits = best(*args)
-            answered.append(hits is not None)
-            return hits
-        monkeypatch.setattr(candidates, "best_with_aside", recorded)
-        cases = [(q, session, tags, filters, depth) for q in questions[:40] for session, tags, filters, depth in
-                 ((None, (), None, 100), ("b", (), None, 20), (None, ("even",), None, 10), ("a", (), Filters(tags_all=("even",)), 100))]
-        new = {case: search.bm25(case[0], case[1], case[2], case[4], case[3]) for case in cases}
-        assert sum(answered) > 0.8 * len(answered) > 40  # mostly answered here, not by FTS5's second query
-        with monkeypatch.context() as m:
-            m.setattr(candidates, "ASIDE_WINDOW", 20)  # too few kept rows for the bound: the fallback, still exact
-            narrow = {case: search.bm25(case[0], case[1], case[2], case[4], case[3]) for case in cases}
-        _two_queries(monkeypatch)
-        old = {case: search.bm25(case[0], case[1], case[2], case[4], case[3]) for case in cases}
-        aside = [c for c in cases if bounded_match(engine.store, c[0], 60)[1] is not None]
-        assert len(aside) > len(cases) // 2  # the cases exercise the set-aside path
-        assert new == old and narrow == old
-        search.config = engine.config.model_copy(update={"recall_fts_budget": 0})
-        for q, *_ in aside[:10]:
-            full = dict(search.bm25(q, None, [], 10_000))
-            hits = new[q, None, (), None, 100]
-            assert [s for _, s in hits] == pytest.approx([full[i] for i, _ in hits], rel=1e-12)
-
-
-def test_a_phrase_set_aside_goes_to_fts5(tmp_path, monkeypatch):
-    """A set-aside query word of several tokens (``a_b`` is the phrase "a b") is left to FTS5's query."""
-    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", recall_fts_budget=5)
-    with MemoryEngine(config, embedder=HashEmbedder()) as engine:
-        engine.save([f"common word{i} {'rare' if i < 2 else ''} {'common word' if i % 2 else ''}" for i in range(30)], session_id="s")
-        search = engine.candidate_search
-        assert bounded_match(engine.store, "rare common_word", 5) == ('"rare"', '"common word"')
-        assert search.aside_scorer.score(["common word"], [(1, 1.0)]) is None
-        assert search.aside_scorer.score(["common"], [(1, 1.0)]) is not None
-        new = search.bm25("rare common_word", "s", [], 10)
-        _two_queries(monkeypatch)
-        assert new == search.bm25("rare common_word", "s", [], 10) and len(new) == 2

@@ -20,7 +20,7 @@ from .. import telemetry
 from ..config import TinyContextConfig
 from ..models.backends import EmbedderProtocol
 from ..retrieval import conversation, language
-from ..retrieval.bounded_bm25 import AsideScorer, RowCounts, best_with_aside, bounded_match, merge, phrases
+from ..retrieval.bounded_bm25 import RowCounts, bounded_match, merge
 from ..retrieval.filters import Filters
 from ..retrieval.fusion import Signals
 from .store import Store
@@ -29,11 +29,6 @@ from .vector_index import VectorIndex
 _QUERY_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tinycontext-query")
 # sqlite-vec refuses KNN queries with k above this; deeper dense candidate lists are cut to it.
 VEC_KNN_MAX = 4096
-# bm25's column weights for memories_fts (content, tags, context): tags count half.
-BM25_WEIGHTS = (1.0, 0.5, 1.0)
-# The kept query's rows read when words are set aside: its best ones are scored with the set-aside words
-# until the rest cannot reach the list (bounded_bm25.best_with_aside); past them, FTS5's second query runs.
-ASIDE_WINDOW = 1000
 
 
 def filter_sql(tags: Sequence[str], filters: Filters | None, id_column: str) -> tuple[str, list]:
@@ -55,7 +50,6 @@ class CandidateSearch:
         self.store, self.index, self.config, self._embedder = store, index, config, embedder
         self.mixed_sessions: set[str] = set()  # sessions whose id range holds other sessions' memories (bm25)
         self.row_counts = RowCounts(store)  # the query words' row counts, kept between searches
-        self.aside_scorer = AsideScorer(store, self.row_counts, BM25_WEIGHTS)
 
     def search(self, query: str, session: str | None, tag_list: list[str], filters: Filters, depth: int, *,
                keyword: bool, dense: bool) -> Signals:
@@ -124,17 +118,12 @@ class CandidateSearch:
         where_sql, filter_params = filter_sql(tags, filters, "+" + id_column)
         hits: list[tuple[int, float]] = []
         if match is not None:
-            weights = ", ".join(map(str, BM25_WEIGHTS))
-            sql = (f"SELECT {id_column}, -bm25(memories_fts, {weights}) AS score " + base.format(where="memories_fts MATCH ?")
+            sql = (f"SELECT {id_column}, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score " + base.format(where="memories_fts MATCH ?")
                    + where_sql + f" ORDER BY score DESC, {id_column} LIMIT ?")
-            limit = depth if aside is None else max(depth, ASIDE_WINDOW)
-            hits = [(r[0], r[1]) for r in self.store.read(sql, [match, *params, *filter_params, limit])]
+            hits = [(r[0], r[1]) for r in self.store.read(sql, [match, *params, *filter_params, depth])]
             if aside is not None and hits:  # the rows also holding a set-aside word, scored by the whole query
-                best = best_with_aside(hits, limit, phrases(aside), depth, self.aside_scorer)
-                if best is None:
-                    both = self.store.read(sql, [f"({match}) AND ({aside})", *params, *filter_params, depth])
-                    best = merge(hits[:depth], [(r[0], r[1]) for r in both], depth)
-                hits = best
+                both = self.store.read(sql, [f"({match}) AND ({aside})", *params, *filter_params, depth])
+                hits = merge(hits, [(r[0], r[1]) for r in both], depth)
         if short and len(hits) < depth:
             # Short terms rank after the BM25 hits, by how many of them a memory contains.
             likes = ["(memories_fts.content LIKE ? ESCAPE '\\' OR memories_fts.tags LIKE ? ESCAPE '\\')" for _ in short]
