@@ -88,10 +88,12 @@ def test_query_returns_the_answering_passages_as_original_text(loopback_only, we
     assert danube["heading"] == "The Danube" and "Rivers of Europe >" not in answer["text"]
     assert fits(answer, 200)
     assert whole[0]["heading"] == "Rivers of Europe" and whole[0]["text"].startswith("Europe has thousands")
-    for passage in result["passages"]:  # each passage lies in the whole page's text, at its offsets
-        window = next(w for w in whole if w["start"] <= passage["start"] and passage["end"] <= w["end"])
-        assert window["text"][passage["start"] - window["start"]:passage["end"] - window["start"]] == passage["text"]
-        assert passage["end"] - passage["start"] == len(passage["text"])
+    # A passage is {text, start, heading?}: its end is start + len(text), which the agent is not sent.
+    assert all(set(p) <= {"text", "start", "heading"} for p in result["passages"] + whole)
+    for passage in result["passages"]:  # each passage lies in the whole page's text, at its offset
+        end = passage["start"] + len(passage["text"])
+        window = next(w for w in whole if w["start"] <= passage["start"] and end <= w["start"] + len(w["text"]))
+        assert window["text"][passage["start"] - window["start"]:end - window["start"]] == passage["text"]
 
 
 def test_without_query_the_page_comes_in_order_and_is_cut_at_the_budget(loopback_only, web_config):
@@ -403,6 +405,31 @@ def test_a_heading_framed_only_by_a_unit_given_back_is_priced_again():
         assert budget - fitted.tokens < unit + 20, (budget, fitted.chosen, fitted.text_tokens, fitted.structured_tokens)
 
 
+def test_a_window_is_left_out_only_when_it_does_not_fit():
+    """Units that never merge (the page's every other paragraph), each a window of its own, at every budget
+    from 100 to 400: what is left, in the form that binds, is less than one more window as it would be
+    received (its text and keys) and a few tokens; a high estimate of a window's keys leaves one out that fits."""
+    from tinycontext.web.chunk import chunk_markdown
+    from tinycontext.web.fetch import FetchResult
+    from tinycontext.web.pages import PageResult, ScrapeItem
+    from tinycontext.web.present import scrape_page
+
+    counter = TokenCounter()
+    markdown = "\n\n".join(f"Fact {i}: barges unload {'grain and ' * (i % 4)}coal at quay {i}." for i in range(40))
+    apart = [c for c in chunk_markdown(markdown, counter, max_tokens=256, passage_tokens=40) if c.position % 2 == 0]
+    page = PageResult(ScrapeItem("http://x/p", "coal"), FetchResult(url="http://x/p", final_url="http://x/p"), "ok",
+                      title="Quays", chunks=apart)
+    for budget in range(100, 401):
+        fitted = scrape_page([page], max_tokens=budget, counter=counter, links_max_tokens=0)
+        assert counter.count(fitted.text) <= budget and counter.count(to_json(fitted.structured)) <= budget
+        shown = {p["start"] for p in fitted.structured["results"][0]["passages"]}
+        for unit in (c for c in apart if c.start not in shown):
+            entry = counter.count(to_json({"text": unit.text, "start": unit.start})) + 1  # and its comma
+            line = counter.count("[…]\n" + unit.text) + 1
+            assert budget - fitted.structured_tokens < entry + 5 or budget - fitted.text_tokens < line + 5, \
+                (budget, unit.position, fitted.text_tokens, fitted.structured_tokens)
+
+
 def test_a_passage_next_to_a_good_one_in_its_section_moves_up():
     from tinycontext.web.rank import boost_neighbours
 
@@ -595,7 +622,8 @@ def test_a_long_page_is_read_whole_by_default(loopback_only, web_config):
     with LocalServer({"/long": html(body)}) as server:
         answer = scrape(config, [{"url": server.url("/long"), "query": "when did the lighthouse keeper retire"}], 500)
     (result,) = answer["results"]
-    assert "note" not in result and result["passages"][-1]["end"] > 120_000
+    last = result["passages"][-1]
+    assert "note" not in result and last["start"] + len(last["text"]) > 120_000
     assert any("retired in 1987" in p["text"] for p in result["passages"])
 
 
@@ -609,7 +637,7 @@ def test_a_huge_page_is_read_up_to_the_caps_and_within_the_item_deadline(loopbac
         (result,) = answer["results"]
         assert result["outcome"] == "ok" and "scrape_max_chars" in result["note"]
         assert "The flood reached the river mouth in May" in result["passages"][0]["text"]
-        assert max(p["end"] for p in result["passages"]) <= 20_000
+        assert max(p["start"] + len(p["text"]) for p in result["passages"]) <= 20_000
         # Ranking that would take longer than web_item_timeout: the item is a timeout, and the answer
         # comes while the embedder is still blocked (it is released only afterwards).
         blocked = BlockedEmbedder()

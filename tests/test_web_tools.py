@@ -46,6 +46,11 @@ def received(result) -> tuple[int, int]:
     return COUNTER.count(text), COUNTER.count(to_json(result.structuredContent))
 
 
+def passage_keys(answer: dict) -> set[str]:
+    """Every key of every passage of the answer: {text, start, heading?} (a passage's end is start + len(text))."""
+    return {key for r in answer["results"] for p in r.get("passages", []) for key in p}
+
+
 def test_mcp_tools_fit_the_budget_as_received(loopback_only, tmp_path, site):
     server = build_server(web_config(tmp_path, site))
 
@@ -60,6 +65,7 @@ def test_mcp_tools_fit_the_budget_as_received(loopback_only, tmp_path, site):
                     "max_tokens": budget})
                 assert not result.isError, result.content[0].text
                 assert max(received(result)) <= budget
+                assert passage_keys(result.structuredContent) == {"text", "start", "heading"}
                 ok, missing = result.structuredContent["results"]
                 assert ok["outcome"] == "ok" and missing == {"url": site.url("/missing"), "outcome": "http_error",
                                                             "status": 404, "detail": "HTTP 404 Not Found"}
@@ -99,6 +105,7 @@ def test_rest_endpoints(loopback_only, tmp_path, site):
     assert COUNTER.count(response.text) <= 300
     body = response.json()
     assert "text" not in body and any("Rhine" in p["text"] for p in body["results"][0]["passages"])
+    assert passage_keys(body) == {"text", "start", "heading"}
     found = client.post("/search", json={"items": [{"query": "danube"}], "max_tokens": 300})
     assert found.status_code == 200 and COUNTER.count(found.text) <= 300
     assert found.json()["searches"][0]["outcome"] == "ok"
@@ -115,8 +122,10 @@ def test_cli_scrape_and_search(loopback_only, tmp_path, site, env, capsys, monke
     out = capsys.readouterr().out
     assert "Budapest" in out and COUNTER.count(out) <= 251
     assert main(["scrape", site.url("/rivers"), "--max-tokens", "200", "--json"]) == 0
-    answer = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    answer = json.loads(out)
     assert answer["results"][0]["passages"][0]["heading"] == "Rivers of Europe" and answer["truncated"]
+    assert COUNTER.count(out) <= 201 and passage_keys(answer) == {"text", "start", "heading"}
     assert main(["search", "danube", "--domain", "example.com"]) == 0
     assert "travel.example.com" in capsys.readouterr().out
 

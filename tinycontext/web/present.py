@@ -5,8 +5,9 @@ JSON, frames included). A page's units (paragraphs, list items, table rows) are 
 first; one that does not fit is skipped and the budget is filled with the next best that do, never
 with cut text. Chosen neighbours of one section are shown as one window of original text. Framing is
 small: a heading path is named once, where it changes (less a first heading that begins the page's
-title: the header names it), and a window that does not follow the one before it starts with ``[…]``;
-offsets are in the structured content.
+title: the header names it), and a window that does not follow the one before it starts with ``[…]``.
+The structured content gives each window as ``{text, start, heading?}``: ``start`` is its character offset
+in the extracted page (its end is ``start + len(text)``, so not sent), ``heading`` only where the text frames one.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def _window_line(window: _Window, frame: str | None) -> str:
 
 
 def _window_object(window: _Window, frame: str | None) -> dict:
-    entry = {"text": window.text, "start": window.chunks[0].start, "end": window.chunks[-1].end}
+    entry = {"text": window.text, "start": window.chunks[0].start}
     if frame:
         entry["heading"] = frame
     return entry
@@ -140,10 +141,11 @@ LINKS_FROM_TOKENS = 1000
 def links_budget(max_tokens: int, links_max_tokens: int) -> int:
     """Tokens an answer of ``max_tokens`` gives its links: none below ``LINKS_FROM_TOKENS``."""
     return min(links_max_tokens, max_tokens // 10) if max_tokens >= LINKS_FROM_TOKENS else 0
-# A new window costs its frame and its structured entry's keys and offsets beyond its text; filling
-# estimates with these, and the whole answer is counted exactly at the end.
+# A new window costs its frame and its structured entry's keys and offset beyond its text (o200k: 6-7 for
+# `{"text":…,"start":N}` and its comma, about 4 more for a heading's key); filling estimates with these, and the
+# whole answer is counted exactly at the end. A high estimate leaves a unit out that fits.
 _WINDOW_TEXT_COST = 4
-_WINDOW_JSON_COST = 16
+_WINDOW_JSON_COST = 12
 _BATCH = 64
 # Exact counts (renders) per answer at most; more rounds add nothing on LoCoMo dev (notes/web_evidence.md).
 _FILL_ROUNDS = 4
