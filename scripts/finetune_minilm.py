@@ -74,8 +74,55 @@ def write_qrels(path: Path, qids: list[str], qrels: dict[str, dict[str, int]]) -
                 fh.write(f"{q}\t{d}\t{score}\n")
 
 
+def locomo_examples(path: Path, work: Path, *, negatives: int, pool: int, rng: random.Random,
+                    conversations: list[str] | None = None) -> tuple[list[dict], dict[str, str]]:
+    """(examples, text of every turn they name) from LoCoMo ``path``: one example per (question, evidence turn),
+    its ``target`` that turn and its ``positives`` all of the question's evidence (masked in the loss), its
+    ``group`` the conversation (``train --holdout-conversation`` leaves a group out; a batch holds one group).
+
+    The conversations are indexed exactly as the harness indexes them (``evals.runner._build_index``: the
+    README recipe, one save per chat session, the built-in model, default settings), so a turn's text is
+    what the engine embeds for it (``stored_embedding_text``: ``[date] Speaker: text [shares caption]``).
+    Hard negatives: ``negatives`` drawn from the question's BM25 and dense top ``pool`` turns of its own
+    conversation (interleaved, evidence removed), as the engine's own search returns them."""
+    from evals.datasets import load_locomo
+    from evals.embedding_cache import CachedEmbedder
+    from evals.runner import _build_index
+    from tinycontext import MemoryEngine, TinyContextConfig
+    from tinycontext.models.embedder import Embedder
+    from tinycontext.models.hub import builtin_bundle
+    from tinycontext.retrieval.conversation import EMBEDDING_COLUMNS, stored_embedding_text
+
+    data = load_locomo(path)
+    if conversations is not None:
+        keep = set(conversations)
+        data.docs = [d for d in data.docs if d.session in keep]
+        data.queries = {q: t for q, t in data.queries.items() if data.query_sessions[q] in keep}
+    db = work / "locomo.db"
+    db.unlink(missing_ok=True)
+    embedder = CachedEmbedder(Embedder(builtin_bundle()), work / "cache")
+    doc_ids = {int(m): docs for m, docs in _build_index(data, embedder, db, {})["doc_ids"].items()}
+    memory_of = {d: m for m, docs in doc_ids.items() for d in docs}  # an exact duplicate turn is one memory
+    examples = []
+    with MemoryEngine(TinyContextConfig(memory_db_path=db), embedder=embedder) as engine:
+        texts = {doc_ids[r[0]][0]: stored_embedding_text(*r[1:])
+                 for r in engine.store.read(f"SELECT id, {EMBEDDING_COLUMNS} FROM memories")}
+        for q, question in data.queries.items():
+            conv = data.query_sessions[q]
+            evidence = list(dict.fromkeys(doc_ids[memory_of[d]][0] for d in data.qrels[q] if d in memory_of))
+            if not evidence:
+                continue
+            found = engine.search(question, session_id=conv, candidates=pool)
+            lists = [[doc_ids[m][0] for m, _ in hits] for hits in (found.bm25, found.dense)]
+            ranked = list(dict.fromkeys(d for pair in zip(*lists) for d in pair))
+            for target in evidence:
+                examples.append({"qid": q, "query": question, "group": conv, "target": target, "positives": evidence,
+                                 "negatives": hard_negatives(ranked, set(evidence), negatives, rng)})
+    return examples, texts
+
+
 def prepare(out: Path, *, scifact: Path, dev_fraction: float, seed: int, negatives: int, pool: int,
-            limit: int | None = None) -> dict:
+            limit: int | None = None, locomo: Path | None = None, locomo_conversations: list[str] | None = None) -> dict:
     """Writes ``out/train.json`` (examples and token ids) and ``out/beir`` (fit/dev qrels); returns the meta."""
     from evals.datasets import load_beir
     from tinycontext import MemoryEngine, TinyContextConfig
@@ -101,9 +148,18 @@ def prepare(out: Path, *, scifact: Path, dev_fraction: float, seed: int, negativ
     for q in fit:
         positives = [d for d, s in data.qrels[q].items() if s > 0 and d in docs]
         ranked = [mem_to_doc[m] for m, _ in engine.search(data.queries[q], candidates=pool).bm25]
-        examples.append({"qid": q, "query": data.queries[q], "positives": positives,
+        examples.append({"qid": q, "query": data.queries[q], "group": "scifact", "positives": positives,
                          "negatives": hard_negatives(ranked, set(positives), negatives, rng)})
     engine.close()
+    locomo_meta = {}
+    if locomo is not None:
+        turns, texts = locomo_examples(locomo, out, negatives=negatives, pool=pool, rng=rng, conversations=locomo_conversations)
+        examples += turns
+        docs |= texts
+        locomo_meta = {"locomo": str(locomo), "locomo_examples": {g: sum(e["group"] == g for e in turns) for g in dict.fromkeys(e["group"] for e in turns)},
+                       "locomo_questions": len({e["qid"] for e in turns}),
+                       "locomo_negative_source": f"engine BM25 and dense top {pool} of the question's conversation, "
+                                                 f"interleaved, evidence removed, {negatives} drawn per example"}
 
     tokenizer = _load_tokenizer(builtin_bundle())[0]
     needed = sorted({d for e in examples for d in e["positives"] + e["negatives"]})
@@ -112,7 +168,7 @@ def prepare(out: Path, *, scifact: Path, dev_fraction: float, seed: int, negativ
         e["query_ids"] = enc.ids
     meta = {"scifact": str(scifact), "seed": seed, "dev_fraction": dev_fraction, "negatives": negatives, "pool": pool,
             "fit_queries": len(fit), "dev_queries": len(dev), "documents": len(needed),
-            "negative_source": f"engine BM25 top {pool}, cited abstracts removed, {negatives} drawn per query"}
+            "negative_source": f"engine BM25 top {pool}, cited abstracts removed, {negatives} drawn per query", **locomo_meta}
     (out / "train.json").write_text(json.dumps({"meta": meta, "examples": examples, "doc_ids": doc_ids}), encoding="utf-8")
 
     beir = out / "beir"
@@ -245,7 +301,12 @@ def export(out: Path, bundle: Path, template: Path) -> dict:
     config = json.loads((BUILTIN_FOLDER / "model_config.json").read_text(encoding="utf-8"))
     log = json.loads((out / "train_log.json").read_text(encoding="utf-8"))
     config["name"] = f"minilm-l6-int8-ft-{log['args']['tag']}"
-    config["source"] = (f"all-MiniLM-L6-v2 fine-tuned on SciFact train ({log['prepare']['fit_queries']} queries, "
+    locomo = ""
+    if log["prepare"].get("locomo"):
+        held = log["args"].get("holdout_conversation")
+        locomo = (f" and LoCoMo ({Path(log['prepare']['locomo']).name}"
+                  + (f" without {held}" if held else "") + ")")
+    config["source"] = (f"all-MiniLM-L6-v2 fine-tuned on SciFact train ({log['prepare']['fit_queries']} queries){locomo}, "
                         f"seed {log['args']['seed']}; scripts/finetune_minilm.py), int8 as the built-in")
     (bundle / "model_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     report = {"recipe_vs_builtin": recipe, **written, "bundle": str(bundle)}
@@ -307,21 +368,24 @@ def _embed(model, seqs: list[list[int]]):
 
 
 def batches(examples: list[dict], batch_size: int, rng: random.Random) -> list[list[tuple[dict, str, str | None]]]:
-    """One epoch: examples shuffled, each with one positive and one negative drawn; a batch never holds two
-    examples whose drawn positives are the same document (the other would be its own false negative)."""
+    """One epoch: examples shuffled, each with its ``target`` (else one of its positives drawn) and one negative
+    drawn. A batch holds examples of one ``group`` only (a LoCoMo conversation's questions are each other's
+    in-batch negatives: turns of the same chat, not SciFact abstracts), and never two examples whose positives
+    are the same document (the other would be its own false negative). A group's batch is emitted when full
+    or when the next example's positive is already in it; the last partial batch of each group at the end."""
     order = list(examples)
     rng.shuffle(order)
-    out, current, used = [], [], set()
+    out, current, used = [], {}, {}
     for e in order:
-        pos = rng.choice(e["positives"])
+        pos = e["target"] if "target" in e else rng.choice(e["positives"])
         neg = rng.choice(e["negatives"]) if e["negatives"] else None
-        if pos in used or len(current) == batch_size:
-            out.append(current)
-            current, used = [], set()
-        current.append((e, pos, neg))
-        used.add(pos)
-    if current:
-        out.append(current)
+        group = e.get("group")
+        if pos in used.get(group, ()) or len(current.get(group, ())) == batch_size:
+            out.append(current.pop(group))
+            used.pop(group)
+        current.setdefault(group, []).append((e, pos, neg))
+        used.setdefault(group, set()).add(pos)
+    out += current.values()
     return out
 
 
@@ -334,6 +398,12 @@ def train(out: Path, args) -> dict:
     torch.set_num_threads(args.threads)
     data = json.loads((out / "train.json").read_text(encoding="utf-8"))
     examples, doc_ids = data["examples"], data["doc_ids"]
+    if args.holdout_conversation:
+        examples = [e for e in examples if e.get("group") != args.holdout_conversation]
+        if len(examples) == len(data["examples"]):
+            raise ValueError(f"no examples of {args.holdout_conversation!r} to hold out")
+    print(f"{len(examples)} examples: " + ", ".join(f"{g} {n}" for g, n in
+          sorted({e.get('group'): sum(x.get('group') == e.get('group') for x in examples) for e in examples}.items(), key=str)), flush=True)
     model = bert_from_fp32()
     port = port_difference(model)
     print(f"port: max abs difference to onnxruntime fp32 {port:.2e}", flush=True)
@@ -369,7 +439,7 @@ def train(out: Path, args) -> dict:
     state = {k: v.detach().numpy() for k, v in model.state_dict().items() if k != "embeddings.position_ids"}
     np.savez(out / "weights.npz", **state)
     log = {"args": {k: v for k, v in vars(args).items() if k not in ("out", "func")}, "prepare": data["meta"],
-           "port_max_abs_difference": port, "steps": steps, "loss_per_step": losses, "seconds": round(time.time() - start, 1),
+           "examples": len(examples), "port_max_abs_difference": port, "steps": steps, "loss_per_step": losses, "seconds": round(time.time() - start, 1),
            "torch": torch.__version__}
     (out / "train_log.json").write_text(json.dumps(log, indent=1), encoding="utf-8")
     return log
@@ -385,6 +455,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--negatives", type=int, default=3, help="BM25 hard negatives kept per query (one drawn per step)")
     p.add_argument("--pool", type=int, default=30, help="BM25 depth the negatives are drawn from")
+    p.add_argument("--locomo", type=Path, help="also LoCoMo questions -> evidence turns from this file (e.g. the dev split)")
+    p.add_argument("--locomo-conversations", nargs="+", help="only these conversations of --locomo (tests, probes)")
     t = sub.add_parser("train")
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--tag", default="scifact")
@@ -396,6 +468,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--warmup", type=float, default=0.1, help="fraction of the steps")
     t.add_argument("--scale", type=float, default=20.0, help="cosine scale of the softmax (1 / temperature)")
     t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--holdout-conversation", help="train without this LoCoMo conversation's examples (a LOCO fold)")
     e = sub.add_parser("export")
     e.add_argument("--out", type=Path, required=True)
     e.add_argument("--bundle", type=Path, required=True)
@@ -405,7 +478,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(REPO))
     if args.step == "prepare":
         print(json.dumps(prepare(args.out, scifact=args.scifact, dev_fraction=args.dev_fraction, seed=args.seed,
-                                 negatives=args.negatives, pool=args.pool), indent=1))
+                                 negatives=args.negatives, pool=args.pool, locomo=args.locomo,
+                                 locomo_conversations=args.locomo_conversations), indent=1))
     elif args.step == "train":
         log = train(args.out, args)
         print(json.dumps({k: v for k, v in log.items() if k != "loss_per_step"}, indent=1))
