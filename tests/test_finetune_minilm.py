@@ -91,3 +91,65 @@ def test_export_quantises_like_the_builtin(tmp_path, shared_dir):
     state["encoder.layer.0.intermediate.dense.weight"] = state["encoder.layer.0.intermediate.dense.weight"] * np.float32(1.5)
     ft.write_int8(state, template, tmp_path / "changed.onnx")
     assert file_sha256(tmp_path / "changed.onnx") != BUILTIN_SHA256
+
+
+def _tiny_locomo(shared: Path, path: Path, sessions: int = 2) -> dict:
+    """The first conversation of LoCoMo dev cut to its first ``sessions`` chat sessions, with the questions
+    whose evidence all lies in them."""
+    sample = json.loads((shared / "datasets" / "locomo" / "locomo-dev.json").read_text())[0]
+    keep = {f"D{n}" for n in range(1, sessions + 1)}
+    conversation = {k: v for k, v in sample["conversation"].items()
+                    if not k.startswith("session_") or k.split("_")[1] in {str(n) for n in range(1, sessions + 1)}}
+    qa = [q for q in sample["qa"] if q.get("evidence") and all(e.split(":")[0] in keep for e in q["evidence"])]
+    tiny = {**sample, "conversation": conversation, "qa": qa}
+    path.write_text(json.dumps([tiny]))
+    return tiny
+
+
+def test_prepare_locomo_turns_as_the_engine_embeds_them(tmp_path, shared_dir):
+    _tiny_scifact(shared_dir, tmp_path / "sf")
+    tiny = _tiny_locomo(shared_dir, tmp_path / "locomo.json")
+    meta = ft.prepare(tmp_path / "out", scifact=tmp_path / "sf", dev_fraction=0.34, seed=1, negatives=3, pool=30,
+                      locomo=tmp_path / "locomo.json")
+    data = json.loads((tmp_path / "out" / "train.json").read_text())
+    turns = [e for e in data["examples"] if e["group"] != "scifact"]
+    questions = {f"conv-26:q{i}": q for i, q in enumerate(tiny["qa"]) if q["category"] in (1, 2, 3, 4)}
+    assert meta["locomo_questions"] == len(questions) and meta["locomo_examples"] == {"conv-26": len(turns)}
+    tokenizer = _load_tokenizer(builtin_bundle())[0]
+    session_turns = [t for n in (1, 2) for t in tiny["conversation"][f"session_{n}"]]
+    for qid, qa in questions.items():
+        mine = [e for e in turns if e["qid"] == qid]
+        evidence = {f"conv-26:{d}" for d in qa["evidence"]}
+        # one example per evidence turn, each masking the question's other evidence turns
+        assert sorted(e["target"] for e in mine) == sorted(evidence)
+        assert all(set(e["positives"]) == evidence and e["query_ids"] == tokenizer.encode(qa["question"]).ids for e in mine)
+        for e in mine:
+            # (a 35-turn slice: the search's lists may hold fewer than 3 other turns)
+            assert 1 <= len(e["negatives"]) <= 3 and not set(e["negatives"]) & evidence
+            assert all(n.startswith("conv-26:D") for n in e["negatives"])
+    # the text of a turn is the engine's embedding text: date of its chat session, speaker, caption
+    d1_5 = next(t for t in session_turns if t["dia_id"] == "D1:5")
+    expected = f"[8 May 2023] Caroline: {d1_5['text']} [shares {d1_5['blip_caption']}]"
+    assert data["doc_ids"]["conv-26:D1:5"] == tokenizer.encode(expected).ids
+    assert data["doc_ids"]["conv-26:D2:1"][:6] == tokenizer.encode("[25 May 2023] Melanie:").ids[:6]
+
+
+def test_batches_keep_groups_apart_and_folds_leave_a_conversation_out():
+    examples = [{"qid": f"s{i}", "group": "scifact", "positives": [f"d{i}", f"d{i + 1}"], "negatives": ["n"]} for i in range(10)]
+    examples += [{"qid": f"c{i // 2}", "group": f"conv-{i % 2}", "target": f"t{i}", "positives": [f"t{i}", f"t{i ^ 1}"],
+                  "negatives": []} for i in range(12)]
+    plan = ft.batches(examples, 4, random.Random(0))
+    assert sorted(e["qid"] for b in plan for e, _, _ in b) == sorted(e["qid"] for e in examples)
+    for batch in plan:
+        assert len({e["group"] for e, _, _ in batch}) == 1 and len(batch) <= 4
+        assert len({p for _, p, _ in batch}) == len(batch)  # no two examples on one positive
+        assert all(p == e["target"] if "target" in e else p in e["positives"] for e, p, _ in batch)
+    fold = ft.fold_examples(examples, "conv-1")
+    assert {e["group"] for e in fold} == {"scifact", "conv-0"} and len(fold) == 16
+    assert {e["group"] for e in ft.fold_examples(examples, "conv-1", ("scifact",))} == {"conv-0"}
+    try:
+        ft.fold_examples(examples, "conv-9")
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a fold of a conversation that has no examples must fail")
