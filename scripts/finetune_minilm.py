@@ -308,8 +308,8 @@ def export(out: Path, bundle: Path, template: Path) -> dict:
                   + (f" without {held}" if held else "") + ")")
     if log["args"].get("init"):
         locomo += f", on from {log['args']['init']}"
-    config["source"] = (f"all-MiniLM-L6-v2 fine-tuned on SciFact train ({log['prepare']['fit_queries']} queries){locomo}, "
-                        f"seed {log['args']['seed']}; scripts/finetune_minilm.py), int8 as the built-in")
+    config["source"] = (f"all-MiniLM-L6-v2 fine-tuned on SciFact train ({log['prepare']['fit_queries']} queries){locomo} "
+                        f"(seed {log['args']['seed']}; scripts/finetune_minilm.py), int8 as the built-in")
     (bundle / "model_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     report = {"recipe_vs_builtin": recipe, **written, "bundle": str(bundle)}
     (out / "export.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
