@@ -321,7 +321,7 @@ def export(out: Path, bundle: Path, template: Path) -> dict:
 LOCO_METRICS = ("recall@5", "recall@10", "recall@100", "ndcg@10", "mrr@10", "budget_recall", "tokens_returned")
 
 
-def loco(base: Path, folds: dict[str, Path]) -> dict:
+def loco(base: Path, folds: dict[str, Path], per_question: Path | None = None) -> dict:
     """The LOCO estimate from harness runs on LoCoMo dev: each conversation scored by the run of the fold
     model that never saw it (``folds``: conversation -> run folder), pooled, paired per question with the
     ``base`` run (the built-in) on the same questions; overall, per category and per conversation."""
@@ -346,6 +346,10 @@ def loco(base: Path, folds: dict[str, Path]) -> dict:
                       "difference_ci": [low, high], "p": paired_p(y, x), "wins": int((y > x).sum()), "losses": int((y < x).sum())}
         return out
 
+    if per_question is not None:  # what the figures are computed from, small enough to keep beside them
+        cols = ["session", "category"]
+        pd.concat([b[cols], a[list(LOCO_METRICS)].add_prefix("builtin_"), b[list(LOCO_METRICS)].add_prefix("loco_")],
+                  axis=1).to_csv(per_question, float_format="%.6g")
     everything = pd.Series(True, index=b.index)
     return {"base": str(base), "folds": {c: str(r) for c, r in folds.items()},
             "missing_conversations": sorted(set(pd.read_csv(base / "per_query.csv")["session"]) - set(folds)), "all": table(everything),
@@ -534,6 +538,7 @@ def main(argv: list[str] | None = None) -> None:
     lo.add_argument("--base", type=Path, required=True, help="harness run folder of the built-in on LoCoMo dev")
     lo.add_argument("--fold", nargs="+", required=True, metavar="CONV=RUN", help="each conversation and its fold model's run folder")
     lo.add_argument("--json", type=Path)
+    lo.add_argument("--csv", type=Path, help="write the pooled per-question scores (built-in and held-out fold) here")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
     if args.step == "prepare":
@@ -544,7 +549,7 @@ def main(argv: list[str] | None = None) -> None:
         log = train(args.out, args)
         print(json.dumps({k: v for k, v in log.items() if k != "loss_per_step"}, indent=1))
     elif args.step == "loco":
-        report = loco(args.base, {c: Path(r) for c, r in (f.split("=", 1) for f in args.fold)})
+        report = loco(args.base, {c: Path(r) for c, r in (f.split("=", 1) for f in args.fold)}, args.csv)
         if args.json:
             args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
         for name, part in [("all", report["all"]), *((f"category {c}", t) for c, t in report["category"].items()),
