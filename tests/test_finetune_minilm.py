@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -153,3 +155,32 @@ def test_batches_keep_groups_apart_and_folds_leave_a_conversation_out():
         pass
     else:
         raise AssertionError("a fold of a conversation that has no examples must fail")
+
+
+# two questions per conversation with equal differences: scipy warns that its t-test has nothing to vary
+@pytest.mark.filterwarnings("ignore:Precision loss occurred:RuntimeWarning")
+def test_loco_scores_each_conversation_with_the_fold_that_never_saw_it(tmp_path):
+    metrics = {m: 0.0 for m in ft.LOCO_METRICS}
+
+    def run(name: str, scores: dict[str, float]) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        rows = [{"query_id": q, "session": q.split(":")[0], "category": 1 + i % 2, **metrics, "recall@10": r}
+                for i, (q, r) in enumerate(scores.items())]
+        pd.DataFrame(rows).to_csv(folder / "per_query.csv", index=False)
+        return folder
+
+    questions = ["a:q0", "a:q1", "b:q0", "b:q1"]
+    base = run("base", dict.fromkeys(questions, 0.5))
+    # each fold scores its own held-out conversation 1.0 or 0.0, the other (trained-on) one 0.9
+    fold_a = run("fold_a", {"a:q0": 1.0, "a:q1": 1.0, "b:q0": 0.9, "b:q1": 0.9})
+    fold_b = run("fold_b", {"a:q0": 0.9, "a:q1": 0.9, "b:q0": 0.0, "b:q1": 1.0})
+    report = ft.loco(base, {"a": fold_a, "b": fold_b}, tmp_path / "pooled.csv")
+    r10 = report["all"]["recall@10"]
+    assert report["all"]["questions"] == 4 and report["missing_conversations"] == []
+    assert (r10["builtin"], r10["loco"], r10["difference"]) == (0.5, 0.75, 0.25) and (r10["wins"], r10["losses"]) == (3, 1)
+    assert report["conversation"]["a"]["recall@10"]["loco"] == 1.0 and report["conversation"]["b"]["recall@10"]["loco"] == 0.5
+    assert report["category"][2]["recall@10"]["loco"] == 1.0  # a:q1 and b:q1
+    pooled = pd.read_csv(tmp_path / "pooled.csv").set_index("query_id")
+    assert pooled.loc["b:q0", "loco_recall@10"] == 0.0 and pooled.loc["b:q0", "builtin_recall@10"] == 0.5
+    assert ft.loco(base, {"a": fold_a})["missing_conversations"] == ["b"]
