@@ -29,6 +29,8 @@ from .vector_index import VectorIndex
 _QUERY_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tinycontext-query")
 # sqlite-vec refuses KNN queries with k above this; deeper dense candidate lists are cut to it.
 VEC_KNN_MAX = 4096
+# bm25's column weights for memories_fts (content, tags, context): tags count half.
+BM25_WEIGHTS = (1.0, 0.5, 1.0)
 
 
 def filter_sql(tags: Sequence[str], filters: Filters | None, id_column: str) -> tuple[str, list]:
@@ -118,7 +120,8 @@ class CandidateSearch:
         where_sql, filter_params = filter_sql(tags, filters, "+" + id_column)
         hits: list[tuple[int, float]] = []
         if match is not None:
-            sql = (f"SELECT {id_column}, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score " + base.format(where="memories_fts MATCH ?")
+            weights = ", ".join(map(str, BM25_WEIGHTS))
+            sql = (f"SELECT {id_column}, -bm25(memories_fts, {weights}) AS score " + base.format(where="memories_fts MATCH ?")
                    + where_sql + f" ORDER BY score DESC, {id_column} LIMIT ?")
             hits = [(r[0], r[1]) for r in self.store.read(sql, [match, *params, *filter_params, depth])]
             if aside is not None and hits:  # the rows also holding a set-aside word, scored by the whole query
