@@ -13,7 +13,6 @@ written by the engine's write path, merged like FTS5 merges segments), and recal
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -69,6 +68,7 @@ class Postings:
 
     def __init__(self, store, tokenize: str):
         self.store = store
+        self._lengths: tuple[tuple[int, int], np.ndarray] | None = None  # (store stamp, tokens a row by id)
         self._tokens = store.driver.connect(":memory:")  # the same SQLite, so the same tokenizer as memories_fts
         self._tokens.execute(f"CREATE VIRTUAL TABLE words USING fts5(word, tokenize='{tokenize}')")
         self._tokens.execute("CREATE VIRTUAL TABLE words_terms USING fts5vocab(words, instance)")
@@ -79,6 +79,17 @@ class Postings:
         self._tokens.execute("INSERT INTO words(word) VALUES (?)", (word,))
         tokens = [t for t, in self._tokens.execute("SELECT term FROM words_terms")]
         return tokens[0] if len(tokens) == 1 else None
+
+    def lengths(self) -> np.ndarray:
+        """Every row's length in tokens (FTS5's docsize), by id: read once while the database is unchanged
+        (``Store.stamp``); per question the rows holding a kept word are thousands, too many to read each time."""
+        stamp = self.store.stamp()
+        if self._lengths is None or self._lengths[0] != stamp:
+            rows = self.store.read("SELECT id, sz FROM memories_fts_docsize")
+            lengths = np.zeros(max((r[0] for r in rows), default=0) + 1, np.float64)
+            lengths[[r[0] for r in rows]] = [float(sum(varints(r[1]))) for r in rows]
+            self._lengths = stamp, lengths
+        return self._lengths[1]
 
     def read(self, token: str) -> tuple[np.ndarray, np.ndarray]:
         found = self.store.read("SELECT rows, freqs FROM memory_postings WHERE term = ?", (token,))
@@ -99,9 +110,7 @@ class Postings:
         rows = np.unique(np.concatenate([lists[i][0] for i in range(len(kept))]))
         if not len(rows):
             return []
-        sizes = dict(self.store.read("SELECT id, sz FROM memories_fts_docsize WHERE id IN (SELECT value FROM json_each(?))",
-                                     (json.dumps(rows.tolist()),)))
-        length = np.array([float(sum(varints(sizes[r]))) for r in rows.tolist()])
+        length = self.lengths()[rows]
         norm = K1 * (1 - B + B * length / avgdl)
         score = np.zeros(len(rows))
         for found, freq in lists:  # phrase by phrase, in the order FTS5 adds them (fts5Bm25Function)
