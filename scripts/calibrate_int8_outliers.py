@@ -10,6 +10,7 @@ graph (its channels' digest is in the name), so a database made on the old one i
 one's: it needs `tinycontext reindex`.
 
     python scripts/calibrate_int8_outliers.py                  # the built-in model, into tinycontext/data
+    python scripts/calibrate_int8_outliers.py --bundle DIR     # a bundle folder (e.g. scripts/finetune_minilm.py's)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import bench_engine  # noqa: E402
 import bench_locomo  # noqa: E402
 from tinycontext.models.checksum import file_sha256  # noqa: E402
 from tinycontext.models.embedder import OUTLIERS_FILE, _load_tokenizer  # noqa: E402
-from tinycontext.models.hub import builtin_bundle  # noqa: E402
+from tinycontext.models.hub import builtin_bundle, local_bundle  # noqa: E402
 from tinycontext.models.int8_graph import outlier_inputs  # noqa: E402
 
 
@@ -60,8 +61,9 @@ def channel_max(bundle, inputs: list[str], calibration: list[str]) -> dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--channels", type=int, default=4, help="outlier channels per input")
+    parser.add_argument("--bundle", type=Path, help="a bundle folder to calibrate (default: the built-in model)")
     args = parser.parse_args()
-    bundle = builtin_bundle()
+    bundle = local_bundle(args.bundle) if args.bundle else builtin_bundle()
     inputs = outlier_inputs(bundle.model_file)
     calibration = texts()
     largest = channel_max(bundle, inputs, calibration)

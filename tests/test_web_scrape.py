@@ -85,11 +85,11 @@ def test_query_returns_the_answering_passages_as_original_text(loopback_only, we
     assert not any("cookies" in t or "Log in" in t for t in texts)
     danube = next(p for p in result["passages"] if "2,850 kilometres" in p["text"])
     # The h1 begins the page's title, which the answer's header shows: the path goes on without it.
-    assert danube["heading"] == "The Danube" and "Rivers of Europe >" not in answer["text"]
+    assert f"[The Danube]\n{danube['text']}" in answer["text"] and "Rivers of Europe >" not in answer["text"]
     assert fits(answer, 200)
-    assert whole[0]["heading"] == "Rivers of Europe" and whole[0]["text"].startswith("Europe has thousands")
-    # A passage is {text, start, heading?}: its end is start + len(text), which the agent is not sent.
-    assert all(set(p) <= {"text", "start", "heading"} for p in result["passages"] + whole)
+    assert whole[0]["text"].startswith("Europe has thousands")
+    # A passage is {text, start}: its end is start + len(text), and its heading is framed in the text only.
+    assert all(set(p) == {"text", "start"} for p in result["passages"] + whole)
     for passage in result["passages"]:  # each passage lies in the whole page's text, at its offset
         end = passage["start"] + len(passage["text"])
         window = next(w for w in whole if w["start"] <= passage["start"] and end <= w["start"] + len(w["text"]))
@@ -102,7 +102,7 @@ def test_without_query_the_page_comes_in_order_and_is_cut_at_the_budget(loopback
         small = scrape(web_config, [server.url("/rivers")], 120)
     passages = full["results"][0]["passages"]
     assert [p["start"] for p in passages] == sorted(p["start"] for p in passages)
-    assert passages[0]["heading"] == "Rivers of Europe"
+    assert f"[Rivers of Europe]\n{passages[0]['text']}" in full["text"]
     assert "| Volga | 3,530 |" in passages[-1]["text"]  # tables survive as Markdown
     assert "Related articles" not in full["text"] and "© 2024" not in full["text"]
     assert not full["truncated"]
@@ -347,11 +347,10 @@ def test_a_heading_is_named_once_and_units_of_a_section_are_one_window(loopback_
         some = scrape(config, [{"url": server.url("/rivers"), "query": "Passau and Vukovar"}], 300)
     danube = [p for p in whole["results"][0]["passages"] if "Danube fact" in p["text"]]
     assert len(danube) == 1 and all(f"Danube fact {i}:" in danube[0]["text"] for i in range(len(TOWNS)))
-    assert danube[0]["heading"] == "The Danube"
-    assert whole["text"].count("[The Danube]") == 1
+    assert whole["text"].count("[The Danube]") == 1 and f"[The Danube]\n{danube[0]['text']}" in whole["text"]
     facts = [p for p in some["results"][0]["passages"] if "Danube fact" in p["text"]]
-    assert len(facts) >= 2 and "heading" in facts[0] and not any("heading" in p for p in facts[1:])
-    assert some["text"].count("[The Danube]") == 1 and "[…]" in some["text"]
+    assert len(facts) >= 2 and f"[The Danube]\n{facts[0]['text']}" in some["text"]
+    assert some["text"].count("[The Danube]") == 1 and all(f"[…]\n{p['text']}" in some["text"] for p in facts[1:])
     assert fits(whole, 4000) and fits(some, 300)
 
 

