@@ -22,15 +22,14 @@ from ..models.backends import EmbedderProtocol
 from ..retrieval import conversation, language
 from ..retrieval.bounded_bm25 import RowCounts, bounded_match, merge
 from ..retrieval.filters import Filters
-from ..retrieval.fusion import Signals
+from ..retrieval.fusion import Signals, expression_terms
+from ..retrieval.postings import BM25_WEIGHTS, Postings
 from .store import Store
 from .vector_index import VectorIndex
 
 _QUERY_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tinycontext-query")
 # sqlite-vec refuses KNN queries with k above this; deeper dense candidate lists are cut to it.
 VEC_KNN_MAX = 4096
-# bm25's column weights for memories_fts (content, tags, context): tags count half.
-BM25_WEIGHTS = (1.0, 0.5, 1.0)
 
 
 def filter_sql(tags: Sequence[str], filters: Filters | None, id_column: str) -> tuple[str, list]:
@@ -52,6 +51,7 @@ class CandidateSearch:
         self.store, self.index, self.config, self._embedder = store, index, config, embedder
         self.mixed_sessions: set[str] = set()  # sessions whose id range holds other sessions' memories (bm25)
         self.row_counts = RowCounts(store)  # the query words' row counts, kept between searches
+        self.postings = Postings(store, BM25_WEIGHTS)  # the bounded search scored from the store's snapshot, if any
 
     def search(self, query: str, session: str | None, tag_list: list[str], filters: Filters, depth: int, *,
                keyword: bool, dense: bool) -> Signals:
@@ -119,6 +119,11 @@ class CandidateSearch:
         # (notes/design_figures.md) instead of once, checking each hit's id.
         where_sql, filter_params = filter_sql(tags, filters, "+" + id_column)
         hits: list[tuple[int, float]] = []
+        if aside is not None and session is None and not where_sql and not short:
+            # Past the budget, with no join or filter: the same list scored from the postings snapshot (None: FTS5).
+            found = self.postings.bounded_scores(expression_terms(match), expression_terms(aside), depth, span)
+            if found is not None:
+                return found
         if match is not None:
             weights = ", ".join(map(str, BM25_WEIGHTS))
             sql = (f"SELECT {id_column}, -bm25(memories_fts, {weights}) AS score " + base.format(where="memories_fts MATCH ?")
