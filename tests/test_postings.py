@@ -151,18 +151,23 @@ def test_a_failed_build_keeps_the_snapshot_there_was(tmp_path, shared_dir, monke
 
 
 def test_without_a_snapshot_nothing_changes(tmp_path, shared_dir):
-    """Stores below MIN_MEMORIES get no snapshot from optimize; a tokenizer switch or a migration drops one (it is
-    rebuilt by the next optimize), and the trigram tokenizer never has one."""
+    """Stores below MIN_MEMORIES get no snapshot from optimize; after a tokenizer switch the snapshot of the old
+    tokens is not used until optimize rebuilds it, and the trigram tokenizer never has one."""
     turns, questions = _turns(shared_dir)
     with _engine(tmp_path, turns[:300]) as engine:
         assert engine.store.optimize()["postings"] is None
         assert not postings.wanted(engine.store.conn)
         engine.store.optimize(build_postings=True)
+        assert not postings.wanted(engine.store.conn)
+        assert language.set_tokenizer(engine.store, "unicode61")
+        assert engine.stats()["bm25_postings"]["used"] is False and postings.wanted(engine.store.conn)
+        assert _same(engine, questions) == 0
+        assert engine.store.optimize()["postings"]["used"]
+        assert _same(engine, questions) > 60
         assert language.set_tokenizer(engine.store, "trigram")
+        engine.store.optimize()
         assert engine.stats()["bm25_postings"] is None
         assert not engine.store.read("SELECT name FROM sqlite_master WHERE name LIKE 'memory_postings%'")
-        with engine.store.write() as conn:
-            assert postings.build(conn) is None
         engine.save(["still saved"], session_id="s0")
         assert engine.stats()["memories"] == 301
 

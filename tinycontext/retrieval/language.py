@@ -58,9 +58,6 @@ def set_tokenizer(store, name: str) -> bool:
             # triggers and the episode indexer keep writing to it by name.
             create = _TOKENIZE.sub(f"tokenize='{spec}'", sql)
             if table == "memories_fts":  # external content: the text is read back from `memories`
-                from . import postings  # (postings reads this module's _TOKENIZE)
-
-                postings.drop(conn)  # its tokens are the old tokenizer's; optimize builds it again
                 conn.execute("DROP TABLE memories_fts")
                 conn.execute(create)
                 conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('rebuild')")

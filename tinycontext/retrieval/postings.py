@@ -14,7 +14,8 @@ never rebuilt per save and never stale: :class:`Postings` scores the rows not ch
 snapshot, and the changed ones from an in-memory FTS5 copy of their current text (same tokenizer, so the same
 tokens), all with the current table statistics (row count and average length from FTS5's averages record, each
 word's row count = its unchanged snapshot rows + its changed rows holding it). Past :data:`MAX_CHANGES` changed
-rows the search falls back to FTS5 until the next build. A store without a snapshot searches as before.
+rows the search falls back to FTS5 until the next build. A snapshot of another tokenizer than memories_fts's is not used. A store without a
+snapshot searches as before.
 """
 
 from __future__ import annotations
@@ -99,10 +100,11 @@ def _tokenize(conn) -> str:
 
 
 def wanted(conn) -> bool:
-    """Whether optimize should (re)build the snapshot: rows changed since the one there is, or none yet on a store
-    of MIN_MEMORIES searched by words (not trigrams)."""
+    """Whether optimize should (re)build the snapshot: rows changed since the one there is or another tokenizer
+    since (a snapshot of the old tokens is never used), or none yet on a store of MIN_MEMORIES searched by words
+    (not trigrams)."""
     if exists(conn):
-        return changes(conn) > 0
+        return changes(conn) > 0 or conn.execute("SELECT tokenize FROM memory_postings_meta").fetchone()[0] != _tokenize(conn)
     spec = _tokenize(conn)
     return "trigram" not in spec and conn.execute("SELECT count(*) FROM memories").fetchone()[0] >= MIN_MEMORIES
 
@@ -160,7 +162,9 @@ def status(conn) -> dict | None:
         return None
     memories, built_at = conn.execute("SELECT memories, built_at FROM memory_postings_meta").fetchone()
     changed = changes(conn)
-    return {"memories": memories, "built_at": built_at, "changes": changed, "used": changed <= MAX_CHANGES}
+    tokenize, = conn.execute("SELECT tokenize FROM memory_postings_meta").fetchone()
+    return {"memories": memories, "built_at": built_at, "changes": changed,
+            "used": changed <= MAX_CHANGES and tokenize == _tokenize(conn)}
 
 
 class _Snapshot:
@@ -254,6 +258,8 @@ class Postings:
         if upto > MAX_CHANGES:
             return None
         snapshot, tokenize = conn.execute("SELECT snapshot, tokenize FROM memory_postings_meta").fetchone()
+        if tokenize != _tokenize(conn):
+            return None  # the index was rebuilt with another tokenizer (language.set_tokenizer): its tokens differ
         state = self._snapshot
         if state is None or state.snapshot != snapshot or upto < state.synced:
             lengths, = conn.execute("SELECT lengths FROM memory_postings_meta").fetchone()
