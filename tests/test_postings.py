@@ -120,7 +120,10 @@ def test_too_many_changes_fall_back_until_the_next_build(tmp_path, shared_dir, m
     with _engine(tmp_path, turns[:300]) as engine:
         engine.store.optimize(build_postings=True)
         monkeypatch.setattr(postings, "MAX_CHANGES", 20)
-        engine.save(turns[300:330], session_id="s0")
+        engine.save(turns[300:315], session_id="s0")
+        engine.update(1, content=turns[-1])  # one change for an update
+        assert engine.stats()["bm25_postings"] == {**engine.stats()["bm25_postings"], "changes": 16, "used": True}
+        engine.save(turns[315:330], session_id="s0")
         assert engine.stats()["bm25_postings"]["used"] is False
         assert _same(engine, questions) == 0
         assert engine.store.optimize()["postings"] == {**engine.stats()["bm25_postings"], "changes": 0, "used": True}

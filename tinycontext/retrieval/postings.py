@@ -51,9 +51,11 @@ SCHEMA = (
     "INSERT INTO memory_postings_changes(id) VALUES (new.id); END",
     "CREATE TRIGGER memory_postings_ad AFTER DELETE ON memories BEGIN "
     "INSERT INTO memory_postings_changes(id) VALUES (old.id); END",
-    # The columns memories_fts indexes (schema v3's memories_au): other updates change no token.
+    # The columns memories_fts indexes (schema v3's memories_au): other updates change no token. An update is one
+    # change (two when it moved the row to another id).
     "CREATE TRIGGER memory_postings_au AFTER UPDATE OF content, tags, context ON memories BEGIN "
-    "INSERT INTO memory_postings_changes(id) VALUES (old.id); INSERT INTO memory_postings_changes(id) VALUES (new.id); END",
+    "INSERT INTO memory_postings_changes(id) VALUES (old.id); "
+    "INSERT INTO memory_postings_changes(id) SELECT new.id WHERE new.id != old.id; END",
 )
 
 
