@@ -1,0 +1,314 @@
+"""A postings snapshot of the full-text index, for the bounded BM25 scored with numpy (issue 25).
+
+At 1M memories FTS5's bm25 is the floor of the bounded search (notes/bench_scale.md, sessions 16-17): it scores
+every row holding a kept word, and walks each set-aside word's whole row list for its IDF on every statement. The
+same ranking computed with numpy from each word's postings (row ids and column-weighted frequencies) gives FTS5's
+list exactly, floats included, at several times less CPU.
+
+The snapshot is derived data, built from FTS5's own index (so FTS5 stays the source of the tokens) by
+:func:`build` in one write transaction (``Store.optimize``: a failed build leaves the previous snapshot or none):
+``memory_postings`` (per token: row ids, frequencies), ``memory_postings_meta`` (one row: the snapshot's id, the
+tokenizer, every row's length in tokens) and ``memory_postings_changes``, which triggers on ``memories`` fill with
+the id of every row inserted, updated or deleted after the build, whichever process writes. So the snapshot is
+never rebuilt per save and never stale: :class:`Postings` scores the rows not changed since the build from the
+snapshot, and the changed ones from an in-memory FTS5 copy of their current text (same tokenizer, so the same
+tokens), all with the current table statistics (row count and average length from FTS5's averages record, each
+word's row count = its unchanged snapshot rows + its changed rows holding it). Past :data:`MAX_CHANGES` changed
+rows the search falls back to FTS5 until the next build. A snapshot of another tokenizer than memories_fts's is not used. A store without a
+snapshot searches as before.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import uuid
+from datetime import datetime, timezone
+
+import numpy as np
+
+from .language import _TOKENIZE
+
+# FTS5's bm25 constants (fts5_aux.c).
+K1, B = 1.2, 0.75
+# bm25's column weights for memories_fts (content, tags, context): tags count half.
+BM25_WEIGHTS = (1.0, 0.5, 1.0)
+# Store.optimize builds a snapshot from this many memories: below it FTS5's bounded search costs a few ms, and
+# the snapshot would cost a build per optimize for nothing (10k: unchanged path).
+MIN_MEMORIES = 100_000
+# Rows changed since the build past which searches use FTS5 again until the next build: each changed row is
+# copied (tokenised) once into the in-memory index, and every search masks them out of the snapshot's lists.
+MAX_CHANGES = 10_000
+TRIGGERS = ("memory_postings_ai", "memory_postings_ad", "memory_postings_au")
+TABLES = ("memory_postings", "memory_postings_meta", "memory_postings_changes")
+SCHEMA = (
+    "CREATE TABLE memory_postings(term TEXT PRIMARY KEY, rows BLOB NOT NULL, freqs BLOB NOT NULL)",
+    "CREATE TABLE memory_postings_meta(one INTEGER PRIMARY KEY CHECK (one = 1), snapshot TEXT NOT NULL, "
+    "tokenize TEXT NOT NULL, memories INTEGER NOT NULL, lengths BLOB NOT NULL, built_at TEXT NOT NULL)",
+    "CREATE TABLE memory_postings_changes(seq INTEGER PRIMARY KEY, id INTEGER NOT NULL)",
+    "CREATE TRIGGER memory_postings_ai AFTER INSERT ON memories BEGIN "
+    "INSERT INTO memory_postings_changes(id) VALUES (new.id); END",
+    "CREATE TRIGGER memory_postings_ad AFTER DELETE ON memories BEGIN "
+    "INSERT INTO memory_postings_changes(id) VALUES (old.id); END",
+    # The columns memories_fts indexes (schema v3's memories_au): other updates change no token. An update is one
+    # change (two when it moved the row to another id).
+    "CREATE TRIGGER memory_postings_au AFTER UPDATE OF content, tags, context ON memories BEGIN "
+    "INSERT INTO memory_postings_changes(id) VALUES (old.id); "
+    "INSERT INTO memory_postings_changes(id) SELECT new.id WHERE new.id != old.id; END",
+)
+
+
+def varints(blob: bytes) -> list[int]:
+    """The SQLite varints of an FTS5 record (the averages row, a docsize row)."""
+    out, i = [], 0
+    while i < len(blob):
+        value = 0
+        for n in range(9):
+            byte = blob[i]
+            i += 1
+            if n == 8:
+                value = (value << 8) | byte
+                break
+            value = (value << 7) | (byte & 0x7F)
+            if byte < 0x80:
+                break
+        out.append(value)
+    return out
+
+
+def drop(conn) -> None:
+    """Remove the snapshot and its triggers (a store without one searches through FTS5 alone)."""
+    for trigger in TRIGGERS:
+        conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+    for table in TABLES:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def exists(conn) -> bool:
+    return bool(conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'memory_postings_meta'").fetchone())
+
+
+def changes(conn) -> int:
+    """Rows changed since the build (a row changed twice counts twice); 0 without a snapshot."""
+    if not exists(conn):
+        return 0
+    return conn.execute("SELECT coalesce(max(seq), 0) FROM memory_postings_changes").fetchone()[0]  # seq only grows
+
+
+def _tokenize(conn) -> str:
+    """memories_fts's tokenizer spec, from its own definition."""
+    return _TOKENIZE.search(conn.execute("SELECT sql FROM sqlite_master WHERE name = 'memories_fts'").fetchone()[0]).group(1)
+
+
+def wanted(conn) -> bool:
+    """Whether optimize should (re)build the snapshot: rows changed since the one there is or another tokenizer
+    since (a snapshot of the old tokens is never used), or none yet on a store of MIN_MEMORIES searched by words
+    (not trigrams)."""
+    if exists(conn):
+        return changes(conn) > 0 or conn.execute("SELECT tokenize FROM memory_postings_meta").fetchone()[0] != _tokenize(conn)
+    spec = _tokenize(conn)
+    return "trigram" not in spec and conn.execute("SELECT count(*) FROM memories").fetchone()[0] >= MIN_MEMORIES
+
+
+def _weighted(columns: list[str], weights: tuple[float, ...]) -> dict[str, int]:
+    """Each column's bm25 weight, doubled so that it is a whole number (the weights are halves)."""
+    doubled = {c: 2 * (weights[i] if i < len(weights) else 1.0) for i, c in enumerate(columns)}
+    if any(w != int(w) for w in doubled.values()):
+        raise ValueError(f"bm25 weights must be multiples of 0.5 to be stored exactly: {weights}")
+    return {c: int(w) for c, w in doubled.items()}
+
+
+def _freqs_blob(doubled: np.ndarray) -> bytes:
+    """Doubled frequencies as uint16, or uint32 for a token past 32,767 instances in a row (read by size)."""
+    return doubled.astype(np.uint16 if doubled.max(initial=0) <= np.iinfo(np.uint16).max else np.uint32).tobytes()
+
+
+def build(conn, weights: tuple[float, ...] = BM25_WEIGHTS) -> dict | None:
+    """(Re)build the snapshot from memories_fts's index, inside the caller's write transaction (all or nothing):
+    per token its rows (uint32, ascending) and each row's frequency weighted by column as bm25 weighs it (doubled),
+    and every row's length. None (and no snapshot) on the trigram tokenizer, which recall searches by substrings."""
+    drop(conn)
+    spec = _tokenize(conn)
+    if "trigram" in spec:
+        return None
+    for statement in SCHEMA:
+        conn.execute(statement)
+    weight = _weighted([r[1] for r in conn.execute("PRAGMA table_info(memories_fts)")], weights)
+    conn.execute("CREATE VIRTUAL TABLE temp.postings_source USING fts5vocab(main, memories_fts, instance)")
+    try:
+        case = " ".join(f"WHEN '{c}' THEN {w}" for c, w in weight.items())
+        terms = [t for t, in conn.execute("SELECT term FROM temp.postings_source GROUP BY term")]
+        for term in terms:
+            # One string per token: fts5vocab yields ~600 ns an instance row by row, ~370 ns this way (session 16).
+            flat, = conn.execute(f"SELECT group_concat(doc || ' ' || (CASE col {case} END), ' ') FROM temp.postings_source "
+                                 "WHERE term = ?", (term,)).fetchone()
+            pairs = np.array(flat.split(), np.int64).reshape(-1, 2)
+            rows, where = np.unique(pairs[:, 0], return_inverse=True)
+            doubled = np.zeros(len(rows), np.int64)
+            np.add.at(doubled, where, pairs[:, 1])
+            conn.execute("INSERT INTO memory_postings VALUES (?, ?, ?)", (term, rows.astype(np.uint32).tobytes(), _freqs_blob(doubled)))
+    finally:
+        conn.execute("DROP TABLE temp.postings_source")
+    sizes = conn.execute("SELECT id, sz FROM memories_fts_docsize").fetchall()
+    lengths = np.zeros(max((r[0] for r in sizes), default=0) + 1, np.uint32)
+    lengths[[r[0] for r in sizes]] = [sum(varints(r[1])) for r in sizes]
+    conn.execute("INSERT INTO memory_postings_meta VALUES (1, ?, ?, ?, ?, ?)",
+                 (uuid.uuid4().hex, spec, len(sizes), lengths.tobytes(), datetime.now(timezone.utc).isoformat()))
+    return {"tokens": len(terms), "memories": len(sizes)}
+
+
+def status(conn) -> dict | None:
+    """What stats shows: the snapshot's size and build time, rows changed since, and whether searches use it."""
+    if not exists(conn):
+        return None
+    memories, built_at = conn.execute("SELECT memories, built_at FROM memory_postings_meta").fetchone()
+    changed = changes(conn)
+    tokenize, = conn.execute("SELECT tokenize FROM memory_postings_meta").fetchone()
+    return {"memories": memories, "built_at": built_at, "changes": changed,
+            "used": changed <= MAX_CHANGES and tokenize == _tokenize(conn)}
+
+
+class _Snapshot:
+    """What one snapshot's searches keep in RAM: its row lengths, and an in-memory FTS5 index of the rows changed
+    since the build, as far as the changes table has been read (``synced``)."""
+
+    def __init__(self, snapshot: str, tokenize: str, lengths: bytes, driver):
+        self.snapshot = snapshot
+        self.lengths = np.frombuffer(lengths, np.uint32)
+        self.synced = 0
+        self.dirty = np.zeros(0, np.int64)  # every row id changed since the build, sorted
+        self.changed_ids = np.zeros(0, np.int64)  # those that exist now (in `changed`), sorted
+        self.changed_lengths = np.zeros(0, np.uint32)
+        self.index = driver.connect(":memory:", check_same_thread=False)  # the same SQLite, so the same tokenizers
+        self.index.execute(f"CREATE VIRTUAL TABLE changed USING fts5(content, tags, context, tokenize='{tokenize}')")
+        self.index.execute("CREATE VIRTUAL TABLE changed_terms USING fts5vocab(changed, instance)")
+        self.index.execute(f"CREATE VIRTUAL TABLE words USING fts5(word, tokenize='{tokenize}')")
+        self.index.execute("CREATE VIRTUAL TABLE words_terms USING fts5vocab(words, instance)")
+
+    def sync(self, conn, upto: int) -> None:
+        """Copy the rows changed after ``synced`` (up to change ``upto``) as they are now in ``conn``'s view."""
+        ids = [r[0] for r in conn.execute("SELECT DISTINCT id FROM memory_postings_changes WHERE seq > ? AND seq <= ?",
+                                          (self.synced, upto))]
+        listed = json.dumps(ids)
+        self.index.execute("DELETE FROM changed WHERE rowid IN (SELECT value FROM json_each(?))", (listed,))
+        self.index.executemany("INSERT INTO changed(rowid, content, tags, context) VALUES (?, ?, ?, ?)",
+                               conn.execute("SELECT id, content, tags, context FROM memories WHERE id IN (SELECT value FROM json_each(?))",
+                                            (listed,)))
+        self.dirty = np.union1d(self.dirty, np.array(ids, np.int64))
+        sizes = self.index.execute("SELECT id, sz FROM changed_docsize ORDER BY id").fetchall()
+        self.changed_ids = np.array([r[0] for r in sizes], np.int64)
+        self.changed_lengths = np.array([sum(varints(r[1])) for r in sizes], np.uint32)
+        self.synced = upto
+
+    def token(self, word: str) -> str | None:
+        """The one token FTS5 makes of ``word`` (None when it makes several or none: a phrase)."""
+        self.index.execute("DELETE FROM words")
+        self.index.execute("INSERT INTO words(word) VALUES (?)", (word,))
+        tokens = [t for t, in self.index.execute("SELECT term FROM words_terms")]
+        return tokens[0] if len(tokens) == 1 else None
+
+    def changed_postings(self, token: str, weight: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+        """The changed rows holding ``token`` now, and its column-weighted frequency in each."""
+        rows: dict[int, float] = {}
+        for doc, col in self.index.execute("SELECT doc, col FROM changed_terms WHERE term = ?", (token,)):
+            rows[doc] = rows.get(doc, 0.0) + weight[col]
+        ids = np.array(sorted(rows), np.int64)
+        return ids, np.array([rows[i] for i in ids.tolist()], np.float64)
+
+    def row_lengths(self, rows: np.ndarray) -> np.ndarray:
+        """``rows``' lengths in tokens: the build's for unchanged rows, the copy's for changed ones."""
+        inside = rows < len(self.lengths)
+        length = np.zeros(len(rows), np.float64)
+        length[inside] = self.lengths[rows[inside]]
+        if len(self.changed_ids):
+            at = np.minimum(np.searchsorted(self.changed_ids, rows), len(self.changed_ids) - 1)
+            hit = self.changed_ids[at] == rows
+            length[hit] = self.changed_lengths[at[hit]]
+        return length
+
+
+class Postings:
+    """Scores the bounded query for one store from its snapshot (None where FTS5 must: see :meth:`bounded_scores`)."""
+
+    def __init__(self, store, weights: tuple[float, ...] = BM25_WEIGHTS):
+        self.store = store
+        self.weights = weights
+        self._lock = threading.Lock()  # one search at a time on the in-memory copy
+        self._snapshot: _Snapshot | None = None
+
+    def bounded_scores(self, kept: list[str], aside: list[str], depth: int,
+                       span: tuple[int, int] | None = None) -> list[tuple[int, float]] | None:
+        """The full query's best ``depth`` among rows holding a kept word (with an id in ``span``), as ``merge``
+        of FTS5's two queries returns them, with no filter, tag or session join. None — search with FTS5 — when
+        the store has no snapshot, more than MAX_CHANGES rows changed since it, a word is a phrase of several
+        tokens, or this thread is inside a write transaction (its uncommitted rows are not in the changes read)."""
+        if self.store.writing:
+            return None
+        with self._lock, self.store.reading() as conn:
+            conn.execute("BEGIN")  # every read below sees one state of the database
+            try:
+                return self._scores(conn, kept, aside, depth, span)
+            finally:
+                conn.execute("COMMIT")
+
+    def _scores(self, conn, kept, aside, depth, span):
+        if not exists(conn):
+            self._snapshot = None
+            return None
+        upto = changes(conn)
+        if upto > MAX_CHANGES:
+            return None
+        snapshot, tokenize = conn.execute("SELECT snapshot, tokenize FROM memory_postings_meta").fetchone()
+        if tokenize != _tokenize(conn):
+            return None  # the index was rebuilt with another tokenizer (language.set_tokenizer): its tokens differ
+        state = self._snapshot
+        if state is None or state.snapshot != snapshot or upto < state.synced:
+            lengths, = conn.execute("SELECT lengths FROM memory_postings_meta").fetchone()
+            state = self._snapshot = _Snapshot(snapshot, tokenize, lengths, self.store.driver)
+        if upto > state.synced:
+            state.sync(conn, upto)
+        tokens = [state.token(w) for w in kept + aside]
+        if any(t is None for t in tokens):
+            return None
+        weight = {c: w / 2 for c, w in _weighted(["content", "tags", "context"], self.weights).items()}
+        lists = [self._postings(conn, state, t, weight) for t in tokens]
+        totals = varints(conn.execute("SELECT block FROM memories_fts_data WHERE id = 1").fetchone()[0])
+        n_row, n_token = totals[0], sum(totals[1:])
+        rows = np.unique(np.concatenate([lists[i][0] for i in range(len(kept))]))
+        if span is not None:
+            rows = rows[(rows >= span[0]) & (rows <= span[1])]
+        if not len(rows):
+            return []
+        avgdl = float(n_token) / float(n_row)
+        norm = K1 * (1 - B + B * state.row_lengths(rows) / avgdl)
+        score = np.zeros(len(rows))
+        for found, freq in lists:  # phrase by phrase, in the order FTS5 adds them (fts5Bm25Function)
+            if not len(found):
+                continue  # a phrase absent from every row adds 0.0
+            idf = math.log((n_row - len(found) + 0.5) / (len(found) + 0.5))
+            idf = idf if idf > 0.0 else 1e-6
+            at = np.minimum(np.searchsorted(found, rows), len(found) - 1)
+            hit = found[at] == rows
+            f = freq[at[hit]]
+            score[hit] += idf * ((f * (K1 + 1.0)) / (f + norm[hit]))
+        order = np.lexsort((rows, -score))[:depth]
+        return [(int(rows[i]), float(score[i])) for i in order]
+
+    @staticmethod
+    def _postings(conn, state: _Snapshot, token: str, weight: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+        """``token``'s rows now (ascending) and weighted frequencies: the snapshot's unchanged rows, and the changed
+        rows that hold it (so ``len(rows)`` is FTS5's row count for its IDF)."""
+        found = conn.execute("SELECT rows, freqs FROM memory_postings WHERE term = ?", (token,)).fetchone()
+        rows, freqs = np.zeros(0, np.int64), np.zeros(0)
+        if found:
+            rows = np.frombuffer(found[0], np.uint32).astype(np.int64)
+            freqs = np.frombuffer(found[1], np.uint16 if len(found[1]) == 2 * len(rows) else np.uint32) * 0.5
+        if not len(state.dirty):
+            return rows, freqs
+        at = np.minimum(np.searchsorted(state.dirty, rows), len(state.dirty) - 1)
+        keep = state.dirty[at] != rows
+        changed_rows, changed_freqs = state.changed_postings(token, weight)
+        rows, freqs = np.concatenate([rows[keep], changed_rows]), np.concatenate([freqs[keep], changed_freqs])
+        order = np.argsort(rows, kind="stable")
+        return rows[order], freqs[order]
