@@ -24,6 +24,7 @@ import json
 import math
 import threading
 import uuid
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
 import numpy as np
@@ -250,17 +251,54 @@ class Postings:
         of FTS5's two queries returns them, with no filter, tag or session join. None — search with FTS5 — when
         the store has no snapshot, more than MAX_CHANGES rows changed since it, a word is a phrase of several
         tokens, or this thread is inside a write transaction (its uncommitted rows are not in the changes read)."""
+        with self._reading() as conn:
+            state = self._current(conn)
+            return None if state is None else self._scores(conn, state, kept, aside, depth, span)
+
+    def counts(self, terms: list[str], low: int, high: int, cap: int) -> list[int | None] | None:
+        """Each term's rows with an id in [``low``, ``high``], counted up to ``cap`` (what FTS5's count in
+        ``bounded_bm25.count_rows`` gives), from the snapshot; None for a term FTS5 splits into several tokens, and
+        None for all when the snapshot cannot answer (as :meth:`bounded_scores`)."""
+        with self._reading() as conn:
+            state = self._current(conn)
+            if state is None:
+                return None
+            found: list[int | None] = []
+            for term in terms:
+                token = state.token(term)
+                if token is None:
+                    found.append(None)
+                    continue
+                rows, _, changed_rows, _, _ = self._postings(conn, state, token, self._weight())
+                inside = int(np.searchsorted(rows, high, "right") - np.searchsorted(rows, low, "left"))
+                if len(state.dirty) and len(rows):  # less the changed rows' old entries in the range
+                    dirty = state.dirty[(state.dirty >= low) & (state.dirty <= high)]
+                    at = np.minimum(np.searchsorted(rows, dirty), len(rows) - 1)
+                    inside -= int(np.count_nonzero(rows[at] == dirty))
+                inside += int(np.count_nonzero((changed_rows >= low) & (changed_rows <= high)))
+                found.append(min(inside, cap))
+            return found
+
+    @contextmanager
+    def _reading(self):
+        """This store's reading connection in one read transaction (every read sees one state of the database), or
+        None inside this thread's write transaction, whose uncommitted rows are not in the changes read."""
         if self.store.writing:
-            return None
+            yield None
+            return
         with self._lock, self.store.reading() as conn:
-            conn.execute("BEGIN")  # every read below sees one state of the database
+            conn.execute("BEGIN")
             try:
-                return self._scores(conn, kept, aside, depth, span)
+                yield conn
             finally:
                 conn.execute("COMMIT")
 
-    def _scores(self, conn, kept, aside, depth, span):
-        if not exists(conn):
+    def _weight(self) -> dict[str, float]:
+        return {c: w / 2 for c, w in _weighted(["content", "tags", "context"], self.weights).items()}
+
+    def _current(self, conn) -> _Snapshot | None:
+        """The snapshot's state in RAM, synced with the changes made since it; None when there is none to use."""
+        if conn is None or not exists(conn):
             self._snapshot = None
             return None
         upto = changes(conn)
@@ -275,11 +313,13 @@ class Postings:
             state = self._snapshot = _Snapshot(snapshot, tokenize, lengths, self.store.driver)
         if upto > state.synced:
             state.sync(conn, upto)
+        return state
+
+    def _scores(self, conn, state: _Snapshot, kept, aside, depth, span):
         tokens = [state.token(w) for w in kept + aside]
         if any(t is None for t in tokens):
             return None
-        weight = {c: w / 2 for c, w in _weighted(["content", "tags", "context"], self.weights).items()}
-        lists = [self._postings(conn, state, t, weight) for t in tokens]
+        lists = [self._postings(conn, state, t, self._weight()) for t in tokens]
         totals = varints(conn.execute("SELECT block FROM memories_fts_data WHERE id = 1").fetchone()[0])
         n_row, n_token = totals[0], sum(totals[1:])
         # The rows holding a kept word, in two parts scored each from its own lists: those unchanged since the
