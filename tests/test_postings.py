@@ -15,6 +15,7 @@ from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.retrieval import language, postings
+from tinycontext.retrieval.bounded_bm25 import RowCounts, bounded_match
 from tinycontext.retrieval.filters import Filters
 
 
@@ -73,6 +74,20 @@ def _same(engine, questions, session=None, tags=(), filters=None) -> int:
     return sum(used)
 
 
+def _same_counts(engine, questions) -> None:
+    """The words kept and set aside with counts from the snapshot are those with FTS5's counts, for the whole table
+    and for an id range; and the snapshot did count."""
+    snapshot = engine.candidate_search.postings
+    high = engine.store.read("SELECT max(id) FROM memories")[0][0]
+    for span in (None, (40, high - 30)):
+        for question in questions:
+            want = bounded_match(engine.store, question, 60, span, RowCounts(engine.store))
+            assert bounded_match(engine.store, question, 60, span, RowCounts(engine.store, snapshot)) == want
+    assert snapshot.counts(["caroline", "support"], 40, high - 30, 10**6) == [
+        engine.store.read("SELECT count(*) FROM memories_fts WHERE memories_fts MATCH ? AND rowid BETWEEN 40 AND ?", (f'"{w}"', high - 30))[0][0]
+        for w in ("caroline", "support")]
+
+
 def test_snapshot_scores_are_fts5s_after_saves_updates_and_deletes(tmp_path, shared_dir):
     turns, questions = _turns(shared_dir)
     with _engine(tmp_path, turns[:300]) as engine:
@@ -80,6 +95,7 @@ def test_snapshot_scores_are_fts5s_after_saves_updates_and_deletes(tmp_path, sha
         assert engine.stats()["bm25_postings"] is None
         assert engine.store.optimize(build_postings=True)["postings"]["changes"] == 0
         assert _same(engine, questions) > 60
+        _same_counts(engine, questions)
         engine.save(turns[300:], session_id="s0")  # new rows since the build
         ids = [r[0] for r in engine.store.read("SELECT id FROM memories ORDER BY id")]
         for i in ids[10:280:7]:
@@ -90,6 +106,7 @@ def test_snapshot_scores_are_fts5s_after_saves_updates_and_deletes(tmp_path, sha
         changed = engine.stats()["bm25_postings"]
         assert changed["changes"] > len(turns) - 300 and changed["used"]
         assert _same(engine, questions) > 60
+        _same_counts(engine, questions)
         # A bm25 constant off by 1e-7 breaks the equality: the comparison sees the last bits of the scores.
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(postings, "K1", postings.K1 + 1e-7)

@@ -50,8 +50,8 @@ class CandidateSearch:
     def __init__(self, store: Store, index: VectorIndex, config: TinyContextConfig, embedder: Callable[[], EmbedderProtocol | None]):
         self.store, self.index, self.config, self._embedder = store, index, config, embedder
         self.mixed_sessions: set[str] = set()  # sessions whose id range holds other sessions' memories (bm25)
-        self.row_counts = RowCounts(store)  # the query words' row counts, kept between searches
         self.postings = Postings(store, BM25_WEIGHTS)  # the bounded search scored from the store's snapshot, if any
+        self.row_counts = RowCounts(store, self.postings)  # the query words' row counts, kept between searches
 
     def search(self, query: str, session: str | None, tag_list: list[str], filters: Filters, depth: int, *,
                keyword: bool, dense: bool) -> Signals:

@@ -24,6 +24,7 @@ import json
 import math
 import threading
 import uuid
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
 import numpy as np
@@ -216,6 +217,13 @@ class _Snapshot:
         ids = np.array(sorted(rows), np.int64)
         return ids, np.array([rows[i] for i in ids.tolist()], np.float64)
 
+    def unchanged(self, rows: np.ndarray) -> np.ndarray:
+        """Those of ``rows`` (sorted) not changed since the build."""
+        if not len(self.dirty):
+            return rows
+        at = np.minimum(np.searchsorted(self.dirty, rows), len(self.dirty) - 1)
+        return rows[self.dirty[at] != rows]
+
     def row_lengths(self, rows: np.ndarray) -> np.ndarray:
         """``rows``' lengths in tokens: the build's for unchanged rows, the copy's for changed ones."""
         inside = rows < len(self.lengths)
@@ -243,17 +251,54 @@ class Postings:
         of FTS5's two queries returns them, with no filter, tag or session join. None — search with FTS5 — when
         the store has no snapshot, more than MAX_CHANGES rows changed since it, a word is a phrase of several
         tokens, or this thread is inside a write transaction (its uncommitted rows are not in the changes read)."""
+        with self._reading() as conn:
+            state = self._current(conn)
+            return None if state is None else self._scores(conn, state, kept, aside, depth, span)
+
+    def counts(self, terms: list[str], low: int, high: int, cap: int) -> list[int | None] | None:
+        """Each term's rows with an id in [``low``, ``high``], counted up to ``cap`` (what FTS5's count in
+        ``bounded_bm25.count_rows`` gives), from the snapshot; None for a term FTS5 splits into several tokens, and
+        None for all when the snapshot cannot answer (as :meth:`bounded_scores`)."""
+        with self._reading() as conn:
+            state = self._current(conn)
+            if state is None:
+                return None
+            found: list[int | None] = []
+            for term in terms:
+                token = state.token(term)
+                if token is None:
+                    found.append(None)
+                    continue
+                rows, _, changed_rows, _, _ = self._postings(conn, state, token, self._weight())
+                inside = int(np.searchsorted(rows, high, "right") - np.searchsorted(rows, low, "left"))
+                if len(state.dirty) and len(rows):  # less the changed rows' old entries in the range
+                    dirty = state.dirty[(state.dirty >= low) & (state.dirty <= high)]
+                    at = np.minimum(np.searchsorted(rows, dirty), len(rows) - 1)
+                    inside -= int(np.count_nonzero(rows[at] == dirty))
+                inside += int(np.count_nonzero((changed_rows >= low) & (changed_rows <= high)))
+                found.append(min(inside, cap))
+            return found
+
+    @contextmanager
+    def _reading(self):
+        """This store's reading connection in one read transaction (every read sees one state of the database), or
+        None inside this thread's write transaction, whose uncommitted rows are not in the changes read."""
         if self.store.writing:
-            return None
+            yield None
+            return
         with self._lock, self.store.reading() as conn:
-            conn.execute("BEGIN")  # every read below sees one state of the database
+            conn.execute("BEGIN")
             try:
-                return self._scores(conn, kept, aside, depth, span)
+                yield conn
             finally:
                 conn.execute("COMMIT")
 
-    def _scores(self, conn, kept, aside, depth, span):
-        if not exists(conn):
+    def _weight(self) -> dict[str, float]:
+        return {c: w / 2 for c, w in _weighted(["content", "tags", "context"], self.weights).items()}
+
+    def _current(self, conn) -> _Snapshot | None:
+        """The snapshot's state in RAM, synced with the changes made since it; None when there is none to use."""
+        if conn is None or not exists(conn):
             self._snapshot = None
             return None
         upto = changes(conn)
@@ -268,47 +313,56 @@ class Postings:
             state = self._snapshot = _Snapshot(snapshot, tokenize, lengths, self.store.driver)
         if upto > state.synced:
             state.sync(conn, upto)
+        return state
+
+    def _scores(self, conn, state: _Snapshot, kept, aside, depth, span):
         tokens = [state.token(w) for w in kept + aside]
         if any(t is None for t in tokens):
             return None
-        weight = {c: w / 2 for c, w in _weighted(["content", "tags", "context"], self.weights).items()}
-        lists = [self._postings(conn, state, t, weight) for t in tokens]
+        lists = [self._postings(conn, state, t, self._weight()) for t in tokens]
         totals = varints(conn.execute("SELECT block FROM memories_fts_data WHERE id = 1").fetchone()[0])
         n_row, n_token = totals[0], sum(totals[1:])
-        rows = np.unique(np.concatenate([lists[i][0] for i in range(len(kept))]))
+        # The rows holding a kept word, in two parts scored each from its own lists: those unchanged since the
+        # build (the snapshot's lists, which still hold the changed rows' old entries: no unchanged row meets
+        # them) and the changed ones (the copy's lists). A row is in one part, so it gets each phrase's term once.
+        parts = [state.unchanged(np.unique(np.concatenate([lists[i][0] for i in range(len(kept))]))),
+                 np.unique(np.concatenate([lists[i][2] for i in range(len(kept))]))]
         if span is not None:
-            rows = rows[(rows >= span[0]) & (rows <= span[1])]
-        if not len(rows):
+            parts = [rows[(rows >= span[0]) & (rows <= span[1])] for rows in parts]
+        if not len(parts[0]) + len(parts[1]):
             return []
         avgdl = float(n_token) / float(n_row)
-        norm = K1 * (1 - B + B * state.row_lengths(rows) / avgdl)
-        score = np.zeros(len(rows))
-        for found, freq in lists:  # phrase by phrase, in the order FTS5 adds them (fts5Bm25Function)
-            if not len(found):
-                continue  # a phrase absent from every row adds 0.0
-            idf = math.log((n_row - len(found) + 0.5) / (len(found) + 0.5))
-            idf = idf if idf > 0.0 else 1e-6
-            at = np.minimum(np.searchsorted(found, rows), len(found) - 1)
-            hit = found[at] == rows
-            f = freq[at[hit]]
-            score[hit] += idf * ((f * (K1 + 1.0)) / (f + norm[hit]))
+        scores = []
+        for part, rows in enumerate(parts):
+            norm = K1 * (1 - B + B * state.row_lengths(rows) / avgdl)
+            score = np.zeros(len(rows))
+            for snapshot_rows, snapshot_freqs, changed_rows, changed_freqs, count in lists:  # in FTS5's phrase order
+                found, freq = (snapshot_rows, snapshot_freqs) if part == 0 else (changed_rows, changed_freqs)
+                if not count or not len(found) or not len(rows):
+                    continue  # a phrase absent from every row (or from this part) adds 0.0
+                idf = math.log((n_row - count + 0.5) / (count + 0.5))
+                idf = idf if idf > 0.0 else 1e-6
+                at = np.minimum(np.searchsorted(found, rows), len(found) - 1)
+                hit = found[at] == rows
+                f = freq[at[hit]]
+                score[hit] += idf * ((f * (K1 + 1.0)) / (f + norm[hit]))
+            scores.append(score)
+        rows, score = np.concatenate(parts), np.concatenate(scores)
         order = np.lexsort((rows, -score))[:depth]
         return [(int(rows[i]), float(score[i])) for i in order]
 
     @staticmethod
-    def _postings(conn, state: _Snapshot, token: str, weight: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
-        """``token``'s rows now (ascending) and weighted frequencies: the snapshot's unchanged rows, and the changed
-        rows that hold it (so ``len(rows)`` is FTS5's row count for its IDF)."""
+    def _postings(conn, state: _Snapshot, token: str, weight: dict[str, float]):
+        """``token``'s snapshot rows (ascending, the changed rows' old entries included) and weighted frequencies,
+        its changed rows holding it now and theirs, and its row count now (FTS5's, for its IDF)."""
         found = conn.execute("SELECT rows, freqs FROM memory_postings WHERE term = ?", (token,)).fetchone()
         rows, freqs = np.zeros(0, np.int64), np.zeros(0)
         if found:
             rows = np.frombuffer(found[0], np.uint32).astype(np.int64)
             freqs = np.frombuffer(found[1], np.uint16 if len(found[1]) == 2 * len(rows) else np.uint32) * 0.5
-        if not len(state.dirty):
-            return rows, freqs
-        at = np.minimum(np.searchsorted(state.dirty, rows), len(state.dirty) - 1)
-        keep = state.dirty[at] != rows
         changed_rows, changed_freqs = state.changed_postings(token, weight)
-        rows, freqs = np.concatenate([rows[keep], changed_rows]), np.concatenate([freqs[keep], changed_freqs])
-        order = np.argsort(rows, kind="stable")
-        return rows[order], freqs[order]
+        stale = 0
+        if len(state.dirty) and len(rows):  # the changed rows' old entries: the dirty ids found in the list
+            at = np.minimum(np.searchsorted(rows, state.dirty), len(rows) - 1)
+            stale = int(np.count_nonzero(rows[at] == state.dirty))
+        return rows, freqs, changed_rows, changed_freqs, len(rows) - stale + len(changed_rows)
