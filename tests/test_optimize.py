@@ -52,10 +52,10 @@ def test_optimize_merges_segments_and_answers_the_same(tmp_path):
         before, segments = _answers(engine), engine.store.fts_segments()
         assert segments > 2  # FTS5's automerge leaves several
         result = engine.store.optimize()
-        assert result == {"fts_segments_before": segments, "fts_segments": 1}  # episodes_fts is empty: no segment
+        assert result == {"fts_segments_before": segments, "fts_segments": 1, "postings": None}  # episodes_fts is empty: no segment
         assert _answers(engine) == before
         stamp = engine.store.stamp()
-        assert engine.store.optimize() == {"fts_segments_before": 1, "fts_segments": 1}
+        assert engine.store.optimize() == {"fts_segments_before": 1, "fts_segments": 1, "postings": None}
         assert engine.store.stamp() == stamp  # already merged: nothing written, no cached copy dropped
         engine.save(["deploy cache added later"], session_id="s")
         assert engine.store.optimize()["fts_segments"] == 1
@@ -127,7 +127,7 @@ def test_cli_optimize(tmp_path, monkeypatch, capsys):
         segments = engine.store.fts_segments()
     monkeypatch.setenv("TINYCONTEXT_MEMORY_DB_PATH", str(tmp_path / "m.db"))
     assert main(["optimize", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"fts_segments_before": segments, "fts_segments": 1}
+    assert json.loads(capsys.readouterr().out) == {"fts_segments_before": segments, "fts_segments": 1, "postings": None}
     assert main(["optimize"]) == 0
     assert capsys.readouterr().out.strip() == "Full-text index: 1 segment merged into 1."
     monkeypatch.setenv("TINYCONTEXT_MEMORY_DB_PATH", str(tmp_path / "none.db"))

@@ -425,14 +425,18 @@ def backup(args):
     emit(args, result, f"Backed up {plural(result['memories'], 'memory', 'memories')} to {result['path']} ({plural(result['bytes'], 'byte')}).")
 
 
-@command("optimize", "merge the full-text index into one segment (one write transaction: safe while serving)", add_json)
+@command("optimize", "merge the full-text index into one segment and rebuild the BM25 postings snapshot when due "
+                     "(one write transaction: safe while serving)", add_json)
 def optimize(args):
     store = existing_store(args)
     try:
         result = store.optimize()
     finally:
         store.close()
-    emit(args, result, f"Full-text index: {plural(result['fts_segments_before'], 'segment')} merged into {result['fts_segments']}.")
+    text = f"Full-text index: {plural(result['fts_segments_before'], 'segment')} merged into {result['fts_segments']}."
+    if result["postings"] is not None:
+        text += f" BM25 postings snapshot of {plural(result['postings']['memories'], 'memory', 'memories')}, built {result['postings']['built_at']}."
+    emit(args, result, text)
 
 
 # -- entry point ------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from ..models.backends import EmbedderProtocol
 from ..retrieval import conversation, language
 from ..retrieval.bounded_bm25 import RowCounts, bounded_match, merge
 from ..retrieval.filters import Filters
-from ..retrieval.fusion import Signals
+from ..retrieval.fusion import Signals, expression_terms
+from ..retrieval.postings import BM25_WEIGHTS, Postings
 from .store import Store
 from .vector_index import VectorIndex
 
@@ -49,7 +50,8 @@ class CandidateSearch:
     def __init__(self, store: Store, index: VectorIndex, config: TinyContextConfig, embedder: Callable[[], EmbedderProtocol | None]):
         self.store, self.index, self.config, self._embedder = store, index, config, embedder
         self.mixed_sessions: set[str] = set()  # sessions whose id range holds other sessions' memories (bm25)
-        self.row_counts = RowCounts(store)  # the query words' row counts, kept between searches
+        self.postings = Postings(store, BM25_WEIGHTS)  # the bounded search scored from the store's snapshot, if any
+        self.row_counts = RowCounts(store, self.postings)  # the query words' row counts, kept between searches
 
     def search(self, query: str, session: str | None, tag_list: list[str], filters: Filters, depth: int, *,
                keyword: bool, dense: bool) -> Signals:
@@ -117,8 +119,14 @@ class CandidateSearch:
         # (notes/design_figures.md) instead of once, checking each hit's id.
         where_sql, filter_params = filter_sql(tags, filters, "+" + id_column)
         hits: list[tuple[int, float]] = []
+        if aside is not None and session is None and not where_sql and not short:
+            # Past the budget, with no join or filter: the same list scored from the postings snapshot (None: FTS5).
+            found = self.postings.bounded_scores(expression_terms(match), expression_terms(aside), depth, span)
+            if found is not None:
+                return found
         if match is not None:
-            sql = (f"SELECT {id_column}, -bm25(memories_fts, 1.0, 0.5, 1.0) AS score " + base.format(where="memories_fts MATCH ?")
+            weights = ", ".join(map(str, BM25_WEIGHTS))
+            sql = (f"SELECT {id_column}, -bm25(memories_fts, {weights}) AS score " + base.format(where="memories_fts MATCH ?")
                    + where_sql + f" ORDER BY score DESC, {id_column} LIMIT ?")
             hits = [(r[0], r[1]) for r in self.store.read(sql, [match, *params, *filter_params, depth])]
             if aside is not None and hits:  # the rows also holding a set-aside word, scored by the whole query

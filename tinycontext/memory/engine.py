@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from . import browse, codes, facts, keyword_mode as keyword, recall as pipeline
-from ..retrieval import conversation, language
+from ..retrieval import conversation, language, postings
 from ..budget.tokens import TokenCounter
 from .. import telemetry
 from ..config import TinyContextConfig
@@ -498,9 +498,11 @@ class MemoryEngine:
         # Sessions are never deleted, so the sessions table (its primary-key index) holds the count;
         # no per-session join over every memory.
         sessions = self.store.read("SELECT count(*) FROM sessions")[0][0]
+        with self.store.reading() as conn:
+            snapshot = postings.status(conn)  # None: BM25 through FTS5 alone; "used": false past MAX_CHANGES
         return {"memories": memories, "tokens": tokens, "vectors": vectors, "sessions": sessions,
                 "schema_version": self.store.schema_version, "embedder": self.store.stored_identity(),
-                "db_path": str(self.store.path)}
+                "db_path": str(self.store.path), "bm25_postings": snapshot}
 
 
 def _saved(op: telemetry.Operation, report: dict, given: int, mode: str) -> dict:

@@ -15,6 +15,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from . import codes
+from ..retrieval import postings
 from ..retrieval.conversation import EMBEDDING_COLUMNS, stored_embedding_text
 from ..errors import ModelMismatchError, StorageError
 from ..models.identity import same_embedder
@@ -285,6 +286,9 @@ class Store:
                     # Re-check under the write lock: another process may have migrated meanwhile.
                     if conn.execute("PRAGMA user_version").fetchone()[0] >= version:
                         continue
+                    # The postings snapshot is derived from memories_fts and rebuilt by optimize; a migration may
+                    # rewrite the rows or the index under it without going through its change triggers.
+                    postings.drop(conn)
                     migration = MIGRATIONS[version]
                     if callable(migration):
                         migration(conn)
@@ -430,20 +434,27 @@ class Store:
         tables = [r[0] for r in self.read("SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE % USING fts5%'")]
         return {table: self.read(f"SELECT count(DISTINCT segid) FROM {table}_idx")[0][0] for table in tables}
 
-    def optimize(self) -> dict:
+    def optimize(self, build_postings: bool | None = None) -> dict:
         """Merge each full-text index into one segment (fewer lists to read per word; the same rows and
-        scores), in one write transaction: a concurrent reader sees the index before or after, never
-        half of it. Indexes already in one segment are left alone (FTS5 would rewrite nothing), and
-        when all are, nothing is written, so copies keyed on :meth:`stamp` stay valid. Inside this
-        thread's write transaction the rows it wrote are not in a segment yet: every index is merged."""
+        scores), and (re)build the BM25 postings snapshot (:mod:`tinycontext.retrieval.postings`), in one
+        write transaction: a concurrent reader sees the index before or after, never half of it. Indexes
+        already in one segment are left alone (FTS5 would rewrite nothing), and when all are and the
+        snapshot is current, nothing is written, so copies keyed on :meth:`stamp` stay valid. Inside this
+        thread's write transaction the rows it wrote are not in a segment yet: every index is merged.
+        ``build_postings``: None builds the snapshot when one exists and rows changed since, or when there
+        is none and the store holds ``postings.MIN_MEMORIES``; True / False always / never."""
         with self.lock:  # the counts and the merge see the same index: no write of this process in between
             before = self._segments()
             merge = [table for table, segments in before.items() if segments > 1 or self.writing]
-            if merge:
+            rebuild = postings.wanted(self.conn) if build_postings is None else build_postings
+            if merge or rebuild:
                 with self.write() as conn:
                     for table in merge:
                         conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
-            return {"fts_segments_before": sum(before.values()), "fts_segments": self.fts_segments()}
+                    if rebuild:
+                        postings.build(conn)  # after the merge: one segment to read
+            return {"fts_segments_before": sum(before.values()), "fts_segments": self.fts_segments(),
+                    "postings": postings.status(self.conn)}
 
     def backup_into(self, path: Path) -> tuple[str, int]:
         """Copy the live database into a new file at ``path`` (SQLite's online backup API), left in

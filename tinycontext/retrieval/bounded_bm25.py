@@ -38,8 +38,9 @@ class RowCounts:
 
     MAX_WORDS = 20_000  # past it the copy starts over (a few MB)
 
-    def __init__(self, store):
+    def __init__(self, store, snapshot=None):
         self.store = store
+        self.snapshot = snapshot  # a postings.Postings: the same counts from the store's snapshot, where it has one
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self._counts: dict[tuple[str, int, int, int], int] = {}
@@ -50,6 +51,11 @@ class RowCounts:
             if stamp != self._stamp:
                 self._counts, self._stamp = {}, stamp
             counts = [self._counts.get((t, low, high, cap)) if stamp is not None else None for t in terms]
+        missing = [i for i, c in enumerate(counts) if c is None]
+        if missing and self.snapshot is not None:  # no walk of each word's row list through FTS5
+            found = self.snapshot.counts([terms[i] for i in missing], low, high, cap)
+            for i, c in zip(missing, found or [None] * len(missing)):
+                counts[i] = c
         for i, t in enumerate(terms):
             if counts[i] is None:
                 counts[i] = count_rows(self.store, t, low, high, cap)

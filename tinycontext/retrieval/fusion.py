@@ -29,6 +29,11 @@ def match_expression(terms: list[str]) -> str | None:
     return " OR ".join(f'"{t}"' for t in terms) if terms else None
 
 
+def expression_terms(expression: str | None) -> list[str]:
+    """The terms of a :func:`match_expression` (terms are words, which hold no double quote)."""
+    return re.findall(r'"([^"]*)"', expression or "")
+
+
 def query_terms(text: str) -> list[str]:
     """The words :func:`fts_query` searches for, in query order."""
     words = _WORD.findall(text.replace("\x00", " "))
