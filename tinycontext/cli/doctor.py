@@ -114,7 +114,7 @@ class Doctor:
     def model(self):
         from ..errors import ModelUnavailableError
         from ..models.backends import open_embedder
-        from ..models.hub import BUILTIN_NAME, MANIFEST, resolve_model
+        from ..models.hub import BUILTIN_NAME, DERIVED, MANIFEST, resolve_model
 
         config = self.config
         if config.embedding_backend != "onnx":
@@ -132,7 +132,7 @@ class Doctor:
                 raise
             self.keyword_only = err.message
             return f"keyword-only (keyword_fallback): {err.message}; recall uses BM25 (FTS5) alone", {"mode": "keyword"}
-        if bundle.name == BUILTIN_NAME:
+        if bundle.name == BUILTIN_NAME or bundle.name in DERIVED:
             verified = "pinned in tinycontext"
         elif (bundle.path / MANIFEST).is_file():
             verified = "recorded at download"

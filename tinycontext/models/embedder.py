@@ -84,7 +84,8 @@ class ModelBundle:
     min_dense: float | None = None
 
     @classmethod
-    def from_folder(cls, path: Path, *, name: str | None = None, revision: str = "", sha256: str = "", model_file: Path | None = None) -> "ModelBundle":
+    def from_folder(cls, path: Path, *, name: str | None = None, revision: str = "", sha256: str = "", model_file: Path | None = None,
+                    tokenizer_file: Path | None = None) -> "ModelBundle":
         path = Path(path)
         config_file = path / "model_config.json"
         try:
@@ -98,7 +99,7 @@ class ModelBundle:
         pooling = cfg.get("pooling", "mean")
         if model_file is None:
             model_file = path / ("model.safetensors" if pooling == "static" else "model.onnx")
-        tokenizer_file = path / "tokenizer.json"
+        tokenizer_file = Path(tokenizer_file) if tokenizer_file else path / "tokenizer.json"
         for needed in (model_file, tokenizer_file):
             if not needed.is_file():
                 raise ModelUnavailableError(f"Model bundle file {needed} is missing. Re-download the model or fix the path.", path=str(needed))

