@@ -136,25 +136,26 @@ def derived_bundle(entry: DerivedEntry, models_dir: Path) -> ModelBundle:
             raise ModelUnavailableError(
                 f"{entry.name} made from {delta_file} has sha256 {actual[:16]}..., expected {entry.sha256[:16]}...: the delta "
                 f"is corrupt or was replaced. {remedy}", path=str(delta_file), expected=entry.sha256, actual=actual)
-        model_file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=model_file.parent, prefix=model_file.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(model)
-            os.replace(tmp, model_file)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _atomic_write(model_file, model)
     return ModelBundle.from_folder(folder, name=entry.name, revision=entry.revision, sha256=entry.sha256, model_file=model_file,
                                    tokenizer_file=base.tokenizer_file)
 
 
-def _atomic_write_json(path: Path, data: dict) -> None:
+def _atomic_write(path: Path, data: bytes) -> None:
+    """``data`` at ``path`` whole or not at all: written beside it, then renamed over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _atomic_write_json(path: Path, data: dict) -> None:
+    _atomic_write(path, json.dumps(data, indent=2).encode("utf-8"))
 
 
 def local_bundle(path: Path) -> ModelBundle:
