@@ -125,6 +125,12 @@ def _freqs_blob(doubled: np.ndarray) -> bytes:
     return doubled.astype(np.uint16 if doubled.max(initial=0) <= np.iinfo(np.uint16).max else np.uint32).tobytes()
 
 
+def _find(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ``values`` would sit in the sorted, non-empty ``ids``, and whether it is there."""
+    at = np.minimum(np.searchsorted(ids, values), len(ids) - 1)
+    return at, ids[at] == values
+
+
 def build(conn, weights: tuple[float, ...] = BM25_WEIGHTS) -> dict | None:
     """(Re)build the snapshot from memories_fts's index, inside the caller's write transaction (all or nothing):
     per token its rows (uint32, ascending) and each row's frequency weighted by column as bm25 weighs it (doubled),
@@ -163,9 +169,8 @@ def status(conn) -> dict | None:
     """What stats shows: the snapshot's size and build time, rows changed since, and whether searches use it."""
     if not exists(conn):
         return None
-    memories, built_at = conn.execute("SELECT memories, built_at FROM memory_postings_meta").fetchone()
+    memories, built_at, tokenize = conn.execute("SELECT memories, built_at, tokenize FROM memory_postings_meta").fetchone()
     changed = changes(conn)
-    tokenize, = conn.execute("SELECT tokenize FROM memory_postings_meta").fetchone()
     return {"memories": memories, "built_at": built_at, "changes": changed,
             "used": changed <= MAX_CHANGES and tokenize == _tokenize(conn)}
 
@@ -221,8 +226,7 @@ class _Snapshot:
         """Those of ``rows`` (sorted) not changed since the build."""
         if not len(self.dirty):
             return rows
-        at = np.minimum(np.searchsorted(self.dirty, rows), len(self.dirty) - 1)
-        return rows[self.dirty[at] != rows]
+        return rows[~_find(self.dirty, rows)[1]]
 
     def row_lengths(self, rows: np.ndarray) -> np.ndarray:
         """``rows``' lengths in tokens: the build's for unchanged rows, the copy's for changed ones."""
@@ -230,8 +234,7 @@ class _Snapshot:
         length = np.zeros(len(rows), np.float64)
         length[inside] = self.lengths[rows[inside]]
         if len(self.changed_ids):
-            at = np.minimum(np.searchsorted(self.changed_ids, rows), len(self.changed_ids) - 1)
-            hit = self.changed_ids[at] == rows
+            at, hit = _find(self.changed_ids, rows)
             length[hit] = self.changed_lengths[at[hit]]
         return length
 
@@ -241,7 +244,7 @@ class Postings:
 
     def __init__(self, store, weights: tuple[float, ...] = BM25_WEIGHTS):
         self.store = store
-        self.weights = weights
+        self._weight = {c: w / 2 for c, w in _weighted(["content", "tags", "context"], weights).items()}  # as bm25 weighs columns
         self._lock = threading.Lock()  # one search at a time on the in-memory copy
         self._snapshot: _Snapshot | None = None
 
@@ -269,12 +272,11 @@ class Postings:
                 if token is None:
                     found.append(None)
                     continue
-                rows, _, changed_rows, _, _ = self._postings(conn, state, token, self._weight())
+                rows, _, changed_rows, _, _ = self._postings(conn, state, token, self._weight)
                 inside = int(np.searchsorted(rows, high, "right") - np.searchsorted(rows, low, "left"))
                 if len(state.dirty) and len(rows):  # less the changed rows' old entries in the range
                     dirty = state.dirty[(state.dirty >= low) & (state.dirty <= high)]
-                    at = np.minimum(np.searchsorted(rows, dirty), len(rows) - 1)
-                    inside -= int(np.count_nonzero(rows[at] == dirty))
+                    inside -= int(np.count_nonzero(_find(rows, dirty)[1]))
                 inside += int(np.count_nonzero((changed_rows >= low) & (changed_rows <= high)))
                 found.append(min(inside, cap))
             return found
@@ -292,9 +294,6 @@ class Postings:
                 yield conn
             finally:
                 conn.execute("COMMIT")
-
-    def _weight(self) -> dict[str, float]:
-        return {c: w / 2 for c, w in _weighted(["content", "tags", "context"], self.weights).items()}
 
     def _current(self, conn) -> _Snapshot | None:
         """The snapshot's state in RAM, synced with the changes made since it; None when there is none to use."""
@@ -319,7 +318,7 @@ class Postings:
         tokens = [state.token(w) for w in kept + aside]
         if any(t is None for t in tokens):
             return None
-        lists = [self._postings(conn, state, t, self._weight()) for t in tokens]
+        lists = [self._postings(conn, state, t, self._weight) for t in tokens]
         totals = varints(conn.execute("SELECT block FROM memories_fts_data WHERE id = 1").fetchone()[0])
         n_row, n_token = totals[0], sum(totals[1:])
         # The rows holding a kept word, in two parts scored each from its own lists: those unchanged since the
@@ -342,8 +341,7 @@ class Postings:
                     continue  # a phrase absent from every row (or from this part) adds 0.0
                 idf = math.log((n_row - count + 0.5) / (count + 0.5))
                 idf = idf if idf > 0.0 else 1e-6
-                at = np.minimum(np.searchsorted(found, rows), len(found) - 1)
-                hit = found[at] == rows
+                at, hit = _find(found, rows)
                 f = freq[at[hit]]
                 score[hit] += idf * ((f * (K1 + 1.0)) / (f + norm[hit]))
             scores.append(score)
@@ -363,6 +361,5 @@ class Postings:
         changed_rows, changed_freqs = state.changed_postings(token, weight)
         stale = 0
         if len(state.dirty) and len(rows):  # the changed rows' old entries: the dirty ids found in the list
-            at = np.minimum(np.searchsorted(rows, state.dirty), len(rows) - 1)
-            stale = int(np.count_nonzero(rows[at] == state.dirty))
+            stale = int(np.count_nonzero(_find(rows, state.dirty)[1]))
         return rows, freqs, changed_rows, changed_freqs, len(rows) - stale + len(changed_rows)
