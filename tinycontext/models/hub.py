@@ -65,6 +65,7 @@ REGISTRY: dict[str, RegistryEntry] = {
     ]
 }
 
+
 @dataclass(frozen=True)
 class DerivedEntry:
     """A model shipped in the package as a delta over the built-in (models/delta.py): ``tinycontext/data/models/<name>/``
@@ -317,8 +318,9 @@ def hub_bundle(repo_id: str, revision: str, models_dir: Path, *, entry: Registry
 def resolve_model(spec: str, models_dir: Path, *, endpoint: str | None = None) -> ModelBundle:
     """Turn an ``embedding_model`` setting into a verified bundle.
 
-    Accepted: a tier (fast, balanced, quality), a registry name, a local bundle folder, or a hub
-    repo id (``org/name`` or ``org/name@revision``).
+    Accepted: a tier (fast, balanced, quality), a registry name, a model derived from the built-in
+    (``DERIVED``, e.g. minilm-l6-tuned), a local bundle folder, or a hub repo id (``org/name`` or
+    ``org/name@revision``).
     """
     name = TIERS.get(spec, spec)
     if name == BUILTIN_NAME:
