@@ -148,12 +148,13 @@ class CandidateSearch:
         if vector is None:
             vector = self._embedder().embed_query(query)
         where_sql, filter_params = filter_sql(tags, filters, "id")
-        with self.store.lock:
-            allowed = None
-            if where_sql:
+        if where_sql:
+            with self.store.lock:  # no write of this process between reading the ids that pass and searching
                 # The ids that pass, searched exhaustively: the top-k is taken among them only.
                 allowed = np.array([r[0] for r in self.store.read("SELECT id FROM memories WHERE 1" + where_sql, filter_params)], np.int64)
-            hits = self.index.search(vector, session, min(depth, VEC_KNN_MAX), allowed)
+                hits = self.index.search(vector, session, min(depth, VEC_KNN_MAX), allowed)
+        else:
+            hits = self.index.search(vector, session, min(depth, VEC_KNN_MAX))
         if hits is not None:
             return hits
         sql = "SELECT memory_id, distance FROM memory_vectors WHERE embedding MATCH ? AND k = ?"
