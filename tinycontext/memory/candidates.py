@@ -32,9 +32,9 @@ from .store import Store
 from .vector_index import VectorIndex
 
 _QUERY_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tinycontext-query")
-# While the two searches run side by side, the GIL changes hands at least this often (Python's default: every 5 ms).
-# The dense stage is mostly calls that release the GIL (ONNX, faiss, numpy, SQLite); after each it waits for the
-# GIL while the BM25 search runs Python, up to the whole interval at the default (notes/bench_scale.md).
+# While the two searches run side by side, the GIL changes hands at least this often (Python's default is ten times
+# longer). The dense stage is mostly calls that release the GIL (ONNX, faiss, numpy, SQLite); after each it waits
+# for the GIL while the BM25 search runs Python, up to the whole interval (notes/bench_scale.md).
 SWITCH_INTERVAL_S = 0.0005
 _switch_lock = threading.Lock()
 _switching = {"searches": 0, "saved": 0.0}
@@ -84,17 +84,18 @@ class CandidateSearch:
     def search(self, query: str, session: str | None, tag_list: list[str], filters: Filters, depth: int, *,
                keyword: bool, dense: bool) -> Signals:
         """Both candidate lists, ``depth`` deep (a list not wanted is None)."""
-        # The dense search (query embedding, then the vector scan) runs on a worker thread while FTS5 runs
-        # here: ONNX, numpy and SQLite release the GIL, so on two cores the steps overlap instead of adding up.
-        # (In this call's context, so that the dense stage's span is a child of the recall's.)
         if not (keyword and dense):
             return Signals(query, session, tuple(tag_list), filters, depth,
                            tuple(self._bm25_stage(query, session, tag_list, depth, filters)) if keyword else None,
                            tuple(self._dense_stage(query, session, tag_list, depth, filters)) if dense else None)
+        # The BM25 search runs on a worker thread while the dense search (query embedding, then the vector scan) runs
+        # here: ONNX, numpy and SQLite release the GIL, so on two cores the steps overlap instead of adding up. The
+        # dense search is the longer, so it is the one that starts at once, without waiting for a thread to wake.
+        # (In this call's context, so that the BM25 stage's span is a child of the recall's.)
         with _quick_handoffs():
-            pending = _QUERY_POOL.submit(contextvars.copy_context().run, self._dense_stage, query, session, tag_list, depth, filters)
-            bm25 = tuple(self._bm25_stage(query, session, tag_list, depth, filters))
-            return Signals(query, session, tuple(tag_list), filters, depth, bm25, tuple(pending.result()))
+            pending = _QUERY_POOL.submit(contextvars.copy_context().run, self._bm25_stage, query, session, tag_list, depth, filters)
+            dense_hits = tuple(self._dense_stage(query, session, tag_list, depth, filters))
+            return Signals(query, session, tuple(tag_list), filters, depth, tuple(pending.result()), dense_hits)
 
     def _bm25_stage(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters) -> list[tuple[int, float]]:
         with telemetry.operation("recall.bm25") as op:
