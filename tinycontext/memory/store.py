@@ -82,15 +82,6 @@ def read_memories(store: "Store", ids: list[int]) -> dict[int, dict]:
     return {r[0]: row_to_memory(r) for r in rows}
 
 
-def read_costs(store: "Store", ids: list[int]) -> dict[int, tuple[int, str]]:
-    """(tokens, session id) of the memories with these ids (those that exist), by id: what a page's
-    budget needs without reading the rows."""
-    if not ids:
-        return {}
-    rows = store.read("SELECT id, tokens, session_id FROM memories WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),))
-    return {r[0]: (r[1], r[2]) for r in rows}
-
-
 class Store:
     """One SQLite file. Writes go through one connection guarded by a lock, shared by the process's
     threads; reads (:meth:`read`) use a pool of up to ``readers`` read-only connections, which under
