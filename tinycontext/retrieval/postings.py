@@ -45,7 +45,7 @@ MAX_CHANGES = 10_000
 # Decoded snapshot lists kept between searches (a search reads each word's list twice: for the word counts that bound
 # the query, then to score it; and questions share their common words, whose lists are the longest): up to this
 # many bytes of row ids and frequencies, least recently used dropped.
-LISTS_CACHE_BYTES = 32 * 2**20
+LISTS_CACHE_BYTES = 16 * 2**20
 TRIGGERS = ("memory_postings_ai", "memory_postings_ad", "memory_postings_au")
 TABLES = ("memory_postings", "memory_postings_meta", "memory_postings_changes")
 SCHEMA = (
