@@ -117,6 +117,19 @@ def test_snapshot_scores_are_fts5s_after_saves_updates_and_deletes(tmp_path, sha
         assert _same(engine, questions) > 60
 
 
+def test_union_and_best_are_numpys():
+    """The rows holding a kept word (np.unique of the lists) and the best of them (np.lexsort by score, then row),
+    ties at the cut included, from their faster forms."""
+    rng = np.random.default_rng(5)
+    for sizes in ([], [0], [7], [300, 0, 120, 5]):
+        lists = [np.sort(rng.choice(1000, size, replace=False)).astype(np.int64) for size in sizes] or [np.zeros(0, np.int64)]
+        assert np.array_equal(postings._union(lists), np.unique(np.concatenate(lists)))
+    rows = rng.permutation(500).astype(np.int64)
+    score = rng.integers(0, 20, 500) * 0.5  # many ties
+    for depth in (1, 10, 100, 499, 500, 600):
+        assert postings._best(rows, score, depth).tolist() == np.lexsort((rows, -score))[:depth].tolist()
+
+
 def test_decoded_lists_are_kept_within_their_budget(tmp_path, shared_dir, monkeypatch):
     """Each word's snapshot list is decoded once and kept (searches read a list twice, and questions share words):
     the same searches again read no list from the database; past LISTS_CACHE_BYTES the least recently used lists
