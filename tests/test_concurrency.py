@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
-import sys
 import threading
 import time
 
 from conftest import suite_embedder
 from consistency import assert_consistent
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.memory import candidates
 from tinycontext.retrieval.filters import Filters
 
 PROCESSES = 4
@@ -102,42 +100,6 @@ def test_threads_share_one_engine(engine):
     assert errors == []
     assert len(saved) == len(set(saved)) == 20
     assert len(assert_consistent(engine)) == 21
-
-
-def test_switch_interval_short_only_while_both_searches_run(tmp_path, monkeypatch):
-    """The dense search waits for the GIL after each call that released it while BM25 runs Python beside it: while
-    both run, the interpreter hands the GIL over every SWITCH_INTERVAL_S; after the last recall, the interval is
-    what it was; one list alone runs on the caller's thread with the interval untouched."""
-    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models")
-    seen: dict[str, list[float]] = {"bm25": [], "dense": []}
-    with MemoryEngine(config, embedder=suite_embedder()) as eng:
-        eng.save([f"note {i} about topic{i % 3}" for i in range(20)], session_id="s")
-        search = eng.candidate_search
-        for name, stage in (("bm25", search.bm25), ("dense", search.dense)):
-            monkeypatch.setattr(search, name, lambda *a, _stage=stage, _name=name, **k: seen[_name].append(sys.getswitchinterval()) or _stage(*a, **k))
-        before = sys.getswitchinterval()
-        assert before > candidates.SWITCH_INTERVAL_S
-        eng.recall("topic1 note", session_id="s")
-        assert seen == {"bm25": [candidates.SWITCH_INTERVAL_S], "dense": [candidates.SWITCH_INTERVAL_S]}
-        assert sys.getswitchinterval() == before
-        eng.recall("topic2 note", session_id="s", dense_weight=1.0)
-        assert seen["dense"][-1] == before and len(seen["bm25"]) == 1
-        errors: list[BaseException] = []
-
-        def recalls() -> None:
-            try:
-                for i in range(10):
-                    eng.recall(f"topic{i % 3} note", session_id="s")
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=recalls) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-        assert errors == [] and len(seen["bm25"]) == 41 and set(seen["bm25"]) == {candidates.SWITCH_INTERVAL_S}
-        assert sys.getswitchinterval() == before
 
 
 def test_memory_facts_are_kept_while_the_store_is_unchanged(tmp_path, monkeypatch):

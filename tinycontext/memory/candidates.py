@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import contextvars
 import json
-import sys
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Callable, Sequence
 
 import numpy as np
@@ -32,30 +29,6 @@ from .store import Store
 from .vector_index import VectorIndex
 
 _QUERY_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tinycontext-query")
-# While the two searches run side by side, the GIL changes hands at least this often (Python's default is ten times
-# longer). The dense stage is mostly calls that release the GIL (ONNX, faiss, numpy, SQLite); after each it waits
-# for the GIL while the BM25 search runs Python, up to the whole interval (notes/bench_scale.md).
-SWITCH_INTERVAL_S = 0.0005
-_switch_lock = threading.Lock()
-_switching = {"searches": 0, "saved": 0.0}
-
-
-@contextmanager
-def _quick_handoffs() -> Iterator[None]:
-    """The interpreter's switch interval at most SWITCH_INTERVAL_S while any search is inside (it is process-wide),
-    then what it was, unless something else changed it meanwhile."""
-    with _switch_lock:
-        if not _switching["searches"]:
-            _switching["saved"] = sys.getswitchinterval()
-            sys.setswitchinterval(min(_switching["saved"], SWITCH_INTERVAL_S))
-        _switching["searches"] += 1
-    try:
-        yield
-    finally:
-        with _switch_lock:
-            _switching["searches"] -= 1
-            if not _switching["searches"] and sys.getswitchinterval() == min(_switching["saved"], SWITCH_INTERVAL_S):
-                sys.setswitchinterval(_switching["saved"])
 # sqlite-vec refuses KNN queries with k above this; deeper dense candidate lists are cut to it.
 VEC_KNN_MAX = 4096
 
@@ -103,11 +76,10 @@ class CandidateSearch:
                 self.facts([i for i, _ in hits])
             return hits
 
-        with _quick_handoffs():
-            pending = _QUERY_POOL.submit(contextvars.copy_context().run, keyword_side)
-            dense_hits = tuple(self._dense_stage(query, session, tag_list, depth, filters))
-            dense_done.set()
-            return Signals(query, session, tuple(tag_list), filters, depth, tuple(pending.result()), dense_hits)
+        pending = _QUERY_POOL.submit(contextvars.copy_context().run, keyword_side)
+        dense_hits = tuple(self._dense_stage(query, session, tag_list, depth, filters))
+        dense_done.set()
+        return Signals(query, session, tuple(tag_list), filters, depth, tuple(pending.result()), dense_hits)
 
     def _bm25_stage(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters) -> list[tuple[int, float]]:
         with telemetry.operation("recall.bm25") as op:
