@@ -197,7 +197,9 @@ class CandidateSearch:
         the store's stamp is unchanged (as RowCounts keeps counts): a recall reads them for the re-rankers and again
         for the page, and the BM25 search reads its hits' while the dense search runs."""
         ids = [int(i) for i in ids]
-        stamp = None if self.store.writing else self.store.stamp()  # taken before reading: a later write moves it
+        # Taken before reading (a later write moves it); None, nothing kept, inside this thread's write transaction or
+        # while another thread holds the store lock: reads do not wait for writes.
+        stamp = None if self.store.writing else self.store.stamp(wait=False)
         with self._facts_lock:
             if stamp != self._facts_stamp or stamp is None:
                 self._facts, self._facts_stamp = {}, stamp

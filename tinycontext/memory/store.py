@@ -213,12 +213,17 @@ class Store:
         """Whether this thread holds a write transaction (its changes may still roll back)."""
         return getattr(self._writing, "active", False)
 
-    def stamp(self) -> tuple[int, int]:
+    def stamp(self, wait: bool = True) -> tuple[int, int] | None:
         """A value that moves whenever the database may have changed, for copies of what it holds:
         ``PRAGMA data_version`` moves when another connection (process) commits, and the write
-        connection's ``total_changes`` on every write made through it (also one rolled back)."""
-        with self.lock:
+        connection's ``total_changes`` on every write made through it (also one rolled back). Without ``wait``,
+        None instead of waiting while another thread holds the lock (a write transaction, say)."""
+        if not self.lock.acquire(blocking=wait):
+            return None
+        try:
             return self.conn.execute("PRAGMA data_version").fetchone()[0], self.conn.total_changes
+        finally:
+            self.lock.release()
 
     @contextmanager
     def reading(self) -> Iterator:
