@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import multiprocessing
+import sqlite3
 import threading
+import time
 
 from conftest import suite_embedder
 from consistency import assert_consistent
 from tinycontext import MemoryEngine, TinyContextConfig
+from tinycontext.retrieval.filters import Filters
 
 PROCESSES = 4
 SAVES = 25
@@ -97,3 +100,36 @@ def test_threads_share_one_engine(engine):
     assert errors == []
     assert len(saved) == len(set(saved)) == 20
     assert len(assert_consistent(engine)) == 21
+
+
+def test_memory_facts_are_kept_while_the_store_is_unchanged(tmp_path, monkeypatch):
+    """What recall reads about candidates (episode, speaker, tokens, session) is read once while nothing writes: the
+    re-rankers' and the page's reads share it, and the BM25 worker reads its hits' while the dense search runs. Any
+    write, by this engine or another connection, makes the next read go to the database."""
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models")
+    with MemoryEngine(config, embedder=suite_embedder()) as eng:
+        ids = eng.save([f"note {i} about topic{i % 3}" for i in range(20)] + [{"content": "a turn about topic1", "speaker": "Ada"}],
+                       session_id="s")["ids"]
+        search = eng.candidate_search
+        reads: list[str] = []
+        for conn in [eng.store.conn, *eng.store._readers]:
+            conn.set_trace_callback(lambda sql: reads.append(sql) if "episode_id, speaker, tokens" in sql else None)
+        episode = eng.store.read("SELECT episode_id FROM memories WHERE id = ?", (ids[-1],))[0][0]
+        assert search.turns(ids) == {ids[-1]: (episode, "Ada")}
+        assert search.costs(ids[:3]) == {i: (t, "s") for i, t in eng.store.read("SELECT id, tokens FROM memories WHERE id <= ?", (ids[2],))}
+        assert len(reads) == 1
+        eng.update(ids[0], "a much longer note about topic0 than it was before")
+        eng.delete(ids[1])
+        costs = search.costs(ids[:3])
+        assert len(reads) == 2 and ids[1] not in costs
+        assert costs[ids[0]][0] == eng.get(ids[0], history=False)["tokens"]
+        other = sqlite3.connect(tmp_path / "m.db")
+        with other:
+            other.execute("UPDATE memories SET speaker = 'Bo' WHERE id = ?", (ids[2],))
+        other.close()
+        assert search.turns(ids[:3]) == {ids[2]: (None, "Bo")} and len(reads) == 3
+        dense = search._dense_stage
+        monkeypatch.setattr(search, "_dense_stage", lambda *a: time.sleep(0.5) or dense(*a))
+        eng.save(["one more note about topic2"], session_id="s")
+        found = search.search("topic2 note", "s", [], Filters(), 100, keyword=True, dense=True)
+        assert found.bm25 and {i for i, _ in found.bm25} <= set(search._facts)  # read by the BM25 worker during the dense search

@@ -117,6 +117,43 @@ def test_snapshot_scores_are_fts5s_after_saves_updates_and_deletes(tmp_path, sha
         assert _same(engine, questions) > 60
 
 
+def test_union_and_best_are_numpys():
+    """The rows holding a kept word (np.unique of the lists) and the best of them (np.lexsort by score, then row),
+    ties at the cut included, from their faster forms."""
+    rng = np.random.default_rng(5)
+    for sizes in ([], [0], [7], [300, 0, 120, 5]):
+        lists = [np.sort(rng.choice(1000, size, replace=False)).astype(np.int64) for size in sizes] or [np.zeros(0, np.int64)]
+        assert np.array_equal(postings._union(lists), np.unique(np.concatenate(lists)))
+    rows = rng.permutation(500).astype(np.int64)
+    score = rng.integers(0, 20, 500) * 0.5  # many ties
+    for depth in (1, 10, 100, 499, 500, 600):
+        assert postings._best(rows, score, depth).tolist() == np.lexsort((rows, -score))[:depth].tolist()
+
+
+def test_decoded_lists_are_kept_within_their_budget(tmp_path, shared_dir, monkeypatch):
+    """Each word's snapshot list is decoded once and kept (searches read a list twice, and questions share words):
+    the same searches again read no list from the database; past LISTS_CACHE_BYTES the least recently used lists
+    go; the lists stay FTS5's either way."""
+    turns, questions = _turns(shared_dir)
+    with _engine(tmp_path, turns) as engine:
+        engine.store.optimize(build_postings=True)
+        assert _same(engine, questions[:20]) > 20
+        state = engine.candidate_search.postings._snapshot
+        state.lists.clear()
+        state.lists_bytes = 0
+        reads = []
+        for conn in [engine.store.conn, *engine.store._readers]:
+            conn.set_trace_callback(lambda sql: reads.append(sql) if "FROM memory_postings WHERE" in sql else None)
+        assert _same(engine, questions[:20]) > 20
+        assert reads and state.lists_bytes == sum(rows.nbytes + freqs.nbytes for rows, freqs in state.lists.values())
+        del reads[:]
+        assert _same(engine, questions[:20]) > 20
+        assert not reads
+        monkeypatch.setattr(postings, "LISTS_CACHE_BYTES", 1)
+        assert _same(engine, questions[20:40]) > 20
+        assert reads and len(state.lists) == 1
+
+
 def test_filters_tags_joins_and_phrases_search_through_fts5(tmp_path, shared_dir):
     turns, questions = _turns(shared_dir)
     with _engine(tmp_path, turns, sessions=3) as engine:

@@ -20,6 +20,7 @@ from test_mcp_stdio import run_session, server_env
 
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.errors import ConflictError, InvalidInputError, MemoryNotFoundError
+from tinycontext.memory import store
 from tinycontext.memory.schema import MIGRATIONS, SCHEMA_VERSION
 from tinycontext.memory.transfer import export_jsonl, import_jsonl
 from tinycontext.servers.fastapi_server import create_app
@@ -62,6 +63,24 @@ def test_supersedes_ends_the_old_fact_and_recall_prefers_the_new(tmp_path):
             engine.save([{"content": "a fact", "supersedes": new}, {"content": "another", "supersedes": new}])
         assert engine.stats()["memories"] == 3  # the refused calls saved nothing
         assert_consistent(engine)
+
+
+def test_superseded_among_walks_the_index_while_it_is_small(tmp_path):
+    """Which candidates are superseded: the same answer whether the partial index is walked (few superseded rows)
+    or every id is looked up (many)."""
+    with _engine(tmp_path, dedup_mode="off") as engine:
+        ids = engine.save([f"fact number {i}" for i in range(400)])["ids"]
+        asked = ids[::40]
+        statements: list[str] = []
+        for conn in [engine.store.conn, *engine.store._readers]:
+            conn.set_trace_callback(statements.append)
+        for superseded in (ids[3:30:3], ids[::2]):  # 9 rows (walked), then 200 (looked up by id)
+            with engine.store.write() as conn:
+                conn.executemany("UPDATE memories SET superseded_by = ? WHERE id = ?", [(ids[0], i) for i in superseded])
+            del statements[:]
+            assert engine.store.superseded_among(asked) == set(asked) & set(superseded)
+            walked = [s for s in statements if "json_each" in s]
+            assert len(walked) == 1 and ("+id IN" in walked[0]) == (len(superseded) <= store.SUPERSEDED_WALK * len(asked))
 
 
 @pytest.mark.parametrize("mode", ["report", "skip"])

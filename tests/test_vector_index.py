@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -403,3 +404,68 @@ def test_hamming_stage_keeps_the_nearest_rows(dimensions):
         found = block.nearest_bits(query.astype(np.float32), 200, mask)
         assert len(set(found.tolist())) == 200 and allowed[found].all()
         assert sorted(distance[found]) == sorted(distance[allowed])[:200]
+
+
+def test_quantized_scan_leaves_the_store_lock_free(tmp_path, monkeypatch):
+    """The Hamming scan of a quantised session runs outside the store lock (the BM25 search beside it takes
+    the lock for its stamp): while a scan is held up, the lock is free, and a save commits but applies its
+    edit to the copy only once the scan is done, so the scan sees one state of the rows."""
+    with MemoryEngine(_config(tmp_path / "m.db", vector_cache_max=10), embedder=SpreadEmbedder()) as eng:
+        ids = eng.save([f"memory number {i}" for i in range(30)], session_id="s")["ids"]
+        eng.candidate_search.dense("warm", "s", [], 5)
+        assert eng.index.quantized_size == 30
+        scanning, release = threading.Event(), threading.Event()
+        scan = vector_index._QuantBlock.nearest_bits
+
+        def held_up(self, *args):
+            scanning.set()
+            assert release.wait(10)
+            return scan(self, *args)
+
+        monkeypatch.setattr(vector_index._QuantBlock, "nearest_bits", held_up)
+        found = []
+        searcher = threading.Thread(target=lambda: found.append(eng.candidate_search.dense("memory number 7", "s", [], 31)))
+        searcher.start()
+        assert scanning.wait(10)
+        stamped = threading.Thread(target=eng.store.stamp)
+        stamped.start()
+        stamped.join(5)
+        assert not stamped.is_alive()  # the store lock was free during the scan
+        monkeypatch.setattr(vector_index._QuantBlock, "nearest_bits", scan)
+        saver = threading.Thread(target=lambda: eng.save(["a brand new memory"], session_id="s"))
+        saver.start()
+        saver.join(0.5)
+        assert saver.is_alive() and eng.index.quantized_size == 30  # committed, its edit waits for the scan
+        release.set()
+        searcher.join(10)
+        saver.join(10)
+        assert not saver.is_alive() and eng.index.quantized_size == 31
+        assert found[0][0][0] == ids[7] and sorted(i for i, _ in found[0]) == sorted(ids)
+
+
+def test_quantized_search_beside_writes_returns_stored_rows(tmp_path):
+    """Searches of a quantised session on one thread while another saves and deletes: every list holds
+    distinct ids of memories that were stored, best first."""
+    with MemoryEngine(_config(tmp_path / "m.db", vector_cache_max=10, dedup_mode="off"), embedder=SpreadEmbedder()) as eng:
+        ids = eng.save([f"memory number {i}" for i in range(60)], session_id="s")["ids"]
+        eng.candidate_search.dense("warm", "s", [], 5)
+        ever = set(ids)
+        done = threading.Event()
+
+        def write():
+            for i in range(40):
+                new = eng.save([f"later memory {i}"], session_id="s")["ids"]
+                ever.update(new)
+                eng.delete(new[0] if i % 2 else ids[i])
+            done.set()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        searches = 0
+        while not done.is_set() or searches < 20:
+            hits = eng.candidate_search.dense(f"memory number {searches % 60}", "s", [], 20)
+            assert len({i for i, _ in hits}) == len(hits) and {i for i, _ in hits} <= ever
+            assert [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
+            searches += 1
+        writer.join()
+        assert eng.index.quantized_size == 60 + 40 - 40

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
@@ -52,21 +53,39 @@ class CandidateSearch:
         self.mixed_sessions: set[str] = set()  # sessions whose id range holds other sessions' memories (bm25)
         self.postings = Postings(store, BM25_WEIGHTS)  # the bounded search scored from the store's snapshot, if any
         self.row_counts = RowCounts(store, self.postings)  # the query words' row counts, kept between searches
+        self._facts: dict[int, tuple | None] = {}  # id -> (episode id, speaker, tokens, session id), None: no such memory
+        self._facts_stamp: tuple[int, int] | None = None
+        self._facts_lock = threading.Lock()
 
     def search(self, query: str, session: str | None, tag_list: list[str], filters: Filters, depth: int, *,
                keyword: bool, dense: bool) -> Signals:
         """Both candidate lists, ``depth`` deep (a list not wanted is None)."""
-        # The dense search (query embedding, then the vector scan) runs on a worker thread while FTS5 runs
-        # here: ONNX, numpy and SQLite release the GIL, so on two cores the steps overlap instead of adding up.
-        # (In this call's context, so that the dense stage's span is a child of the recall's.)
-        pending = _QUERY_POOL.submit(contextvars.copy_context().run, self._dense_stage, query, session, tag_list, depth,
-                                     filters) if dense else None
-        bm25 = None
-        if keyword:
-            with telemetry.operation("recall.bm25") as op:
-                bm25 = tuple(self.bm25(query, session, tag_list, depth, filters))
-                op.set(candidates=len(bm25))
-        return Signals(query, session, tuple(tag_list), filters, depth, bm25, tuple(pending.result()) if pending else None)
+        if not (keyword and dense):
+            return Signals(query, session, tuple(tag_list), filters, depth,
+                           tuple(self._bm25_stage(query, session, tag_list, depth, filters)) if keyword else None,
+                           tuple(self._dense_stage(query, session, tag_list, depth, filters)) if dense else None)
+        # The BM25 search runs on a worker thread while the dense search (query embedding, then the vector scan) runs
+        # here: ONNX, numpy and SQLite release the GIL, so on two cores the steps overlap instead of adding up. The
+        # dense search is the longer, so it is the one that starts at once, without waiting for a thread to wake.
+        # (In this call's context, so that the BM25 stage's span is a child of the recall's.)
+        dense_done = threading.Event()
+
+        def keyword_side() -> list[tuple[int, float]]:
+            hits = self._bm25_stage(query, session, tag_list, depth, filters)
+            if not dense_done.is_set():  # what recall reads about the candidates after fusing, read while it would wait
+                self.facts([i for i, _ in hits])
+            return hits
+
+        pending = _QUERY_POOL.submit(contextvars.copy_context().run, keyword_side)
+        dense_hits = tuple(self._dense_stage(query, session, tag_list, depth, filters))
+        dense_done.set()
+        return Signals(query, session, tuple(tag_list), filters, depth, tuple(pending.result()), dense_hits)
+
+    def _bm25_stage(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters) -> list[tuple[int, float]]:
+        with telemetry.operation("recall.bm25") as op:
+            hits = self.bm25(query, session, tags, depth, filters)
+            op.set(candidates=len(hits))
+            return hits
 
     def _dense_stage(self, query: str, session: str | None, tags: Sequence[str], depth: int, filters: Filters) -> list[tuple[int, float]]:
         with telemetry.operation("recall.dense") as op:
@@ -148,12 +167,13 @@ class CandidateSearch:
         if vector is None:
             vector = self._embedder().embed_query(query)
         where_sql, filter_params = filter_sql(tags, filters, "id")
-        with self.store.lock:
-            allowed = None
-            if where_sql:
+        if where_sql:
+            with self.store.lock:  # no write of this process between reading the ids that pass and searching
                 # The ids that pass, searched exhaustively: the top-k is taken among them only.
                 allowed = np.array([r[0] for r in self.store.read("SELECT id FROM memories WHERE 1" + where_sql, filter_params)], np.int64)
-            hits = self.index.search(vector, session, min(depth, VEC_KNN_MAX), allowed)
+                hits = self.index.search(vector, session, min(depth, VEC_KNN_MAX), allowed)
+        else:
+            hits = self.index.search(vector, session, min(depth, VEC_KNN_MAX))
         if hits is not None:
             return hits
         sql = "SELECT memory_id, distance FROM memory_vectors WHERE embedding MATCH ? AND k = ?"
@@ -170,11 +190,42 @@ class CandidateSearch:
 
     # -- what the re-rankers read -------------------------------------------------------------
 
+    FACTS_MAX = 20_000  # memories whose facts are kept (while the store's stamp holds)
+
+    def facts(self, ids) -> dict[int, tuple]:
+        """id -> (episode id, speaker, tokens, session id) of the memories with these ids (those that exist). Kept while
+        the store's stamp is unchanged (as RowCounts keeps counts): a recall reads them for the re-rankers and again
+        for the page, and the BM25 search reads its hits' while the dense search runs."""
+        ids = [int(i) for i in ids]
+        # Taken before reading (a later write moves it); None, nothing kept, inside this thread's write transaction or
+        # while another thread holds the store lock: reads do not wait for writes.
+        stamp = None if self.store.writing else self.store.stamp(wait=False)
+        with self._facts_lock:
+            if stamp != self._facts_stamp or stamp is None:
+                self._facts, self._facts_stamp = {}, stamp
+            known = {i: self._facts[i] for i in ids if i in self._facts}
+        missing = sorted({i for i in ids if i not in known})  # in key order: fewer page reads
+        if missing:
+            rows = self.store.read("SELECT id, episode_id, speaker, tokens, session_id FROM memories "
+                                   "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(missing),))
+            fresh: dict[int, tuple | None] = dict.fromkeys(missing)
+            fresh.update((r[0], r[1:]) for r in rows)
+            known.update(fresh)
+            with self._facts_lock:
+                if stamp is not None and stamp == self._facts_stamp:  # not when another read saw a newer stamp meanwhile
+                    if len(self._facts) + len(fresh) > self.FACTS_MAX:
+                        self._facts = {}
+                    self._facts.update(fresh)
+        return {i: found for i, found in known.items() if found is not None}
+
     def turns(self, ids) -> dict[int, tuple]:
         """id -> (episode id, speaker) of those memories that are conversation turns."""
-        return {r[0]: (r[1], r[2]) for r in self.store.read(
-            "SELECT id, episode_id, speaker FROM memories WHERE id IN (SELECT value FROM json_each(?)) "
-            "AND (episode_id IS NOT NULL OR speaker IS NOT NULL)", (json.dumps(ids),))}
+        return {i: (e, s) for i, (e, s, _, _) in self.facts(ids).items() if e is not None or s is not None}
+
+    def costs(self, ids) -> dict[int, tuple[int, str]]:
+        """(tokens, session id) of the memories with these ids (those that exist), by id: what a page's budget needs
+        without reading the rows."""
+        return {i: (tokens, session) for i, (_, _, tokens, session) in self.facts(ids).items()}
 
     def vectors(self, ids: list[int]) -> dict[int, np.ndarray]:
         """id -> stored unit vector of those memories that have one (VectorIndex.vectors)."""

@@ -35,7 +35,7 @@ from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_fl
 from . import browse
 from .codes import unit
 from .checks import check_int, check_number, check_query, check_session, normalise_tags
-from .store import read_costs, read_memories
+from .store import read_memories
 
 MAX_OFFSET = 1_000_000
 
@@ -276,9 +276,9 @@ class Window(Sequence):
 
     CHUNK = 32
 
-    def __init__(self, store, page: list[Candidate], offset: int):
+    def __init__(self, store, page: list[Candidate], offset: int, costs):
         self._store, self._offset = store, offset
-        found = read_costs(store, [c.id for c in page])
+        found = costs([c.id for c in page])
         self._page = [c for c in page if c.id in found]
         self.tokens = [found[c.id][0] for c in self._page]
         self.sessions = {found[c.id][1] for c in self._page}
@@ -320,7 +320,7 @@ class Window(Sequence):
 
 def window(engine, plan: Plan, ranked: list[Candidate]) -> Window:
     """The memories from ``offset`` on, with their rank and scores (read lazily: :class:`Window`)."""
-    return Window(engine.store, ranked[plan.offset:], plan.offset)
+    return Window(engine.store, ranked[plan.offset:], plan.offset, engine.candidate_search.costs)
 
 
 def fitted(fit):

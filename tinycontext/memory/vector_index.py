@@ -216,20 +216,31 @@ class _QuantBlock:
         return positions[0][positions[0] >= 0]
 
     def search(self, conn, query: np.ndarray, count: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """About ``count`` (id, cosine) of the rows most similar to the unit ``query``: the
+        """About ``count`` (id, cosine) of the rows most similar to the unit ``query``: :meth:`candidates`,
+        then :meth:`rescore` on ``conn``."""
+        return self.rescore(conn, self.candidates(query, count, mask), query, count)
+
+    def candidates(self, query: np.ndarray, count: int, mask: np.ndarray | None) -> np.ndarray:
+        """The ids whose int8 codes :meth:`rescore` reads for ``count`` hits, from RAM only: the
         :func:`rescore_depth` nearest by Hamming distance (only rows where ``mask`` is set, skipped
-        inside the scan), rescored by their int8 codes (with the 4-bit codes held, only the
-        :func:`recheck_depth` they rank best)."""
+        inside the scan), or with the 4-bit codes held, the :func:`recheck_depth` of them they rank best."""
         allowed = self.n if mask is None else int(mask.sum())
         depth = min(allowed, rescore_depth(count))
         if depth <= 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+            return np.zeros(0, np.int64)
         found = self.nearest_bits(query, depth, mask)
         ids = self.ids[found]
         if self._codes is not None and len(found) > recheck_depth(count):
             with _one_blas_thread():
-                coarse = codes.nibble_scores(self._codes[found], query, self.centre)
-            ids = np.sort(ids[np.argpartition(-coarse, recheck_depth(count) - 1)[:recheck_depth(count)]])  # in key order: fewer page reads
+                coarse = codes.nibble_scores(np.take(self._codes, found, axis=0), query, self.centre)  # take: faster than [found]
+            ids = ids[np.argpartition(-coarse, recheck_depth(count) - 1)[:recheck_depth(count)]]
+        return np.sort(ids)  # in key order: fewer page reads
+
+    def rescore(self, conn, ids: np.ndarray, query: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(id, cosine) of ``ids``: their int8 codes read on ``conn``, the rows near the ``count``-th
+        best (at most EXACT_TOP) rescored exactly (:func:`_exact_border`)."""
+        if not len(ids):
+            return ids, np.zeros(0, np.float32)
         packed = dict(conn.execute("SELECT memory_id, codes FROM memory_codes WHERE memory_id IN (SELECT value FROM json_each(?))",
                                    (json.dumps(ids.tolist()),)).fetchall())
         ids = np.array([i for i in ids.tolist() if i in packed], np.int64)  # a code missing: the stamp catches that change
@@ -290,7 +301,7 @@ class VectorIndex:
     """In-RAM per-session copy of ``memory_vectors`` for exact cosine search.
 
     It shares the store's connection and lock: :meth:`search`, :meth:`prepare` and :meth:`write`
-    take the lock, :meth:`nearest` runs inside :meth:`write`.
+    take the lock (a search of a quantised session only to find its block), :meth:`nearest` runs inside :meth:`write`.
     """
 
     def __init__(self, store: Store, max_vectors: int, quantized_max: int = 0, codes_max: int = 0):
@@ -302,6 +313,8 @@ class VectorIndex:
         self._complete = False  # every session is loaded (recall across all sessions)
         self._stamp: tuple[int, int] | None = None
         self._pending: list[Callable[[], None]] | None = None
+        # Held while a search scans a quantised block outside the store lock, and while edits change blocks in place.
+        self._scan = threading.Lock()
 
     @property
     def size(self) -> int:
@@ -340,8 +353,9 @@ class VectorIndex:
                 with self.store.write() as conn:
                     self.sync()
                     yield conn
-                for edit in self._pending:
-                    edit()
+                with self._scan:
+                    for edit in self._pending:
+                        edit()
             finally:
                 self._pending = None
             # Our own commit moved total_changes, and the copy now reflects it. data_version is
@@ -465,6 +479,7 @@ class VectorIndex:
         id; only ids in ``allowed`` when given. None when the copy cannot hold the vectors."""
         if self.max_vectors <= 0:
             return None
+        quantized = None
         with self.store.lock:
             self.sync()
             if session is None:
@@ -477,13 +492,20 @@ class VectorIndex:
             q = _unit(query)
             blocks = [b for b in blocks if b.n]
             if len(blocks) == 1 and isinstance(blocks[0], _QuantBlock):
-                mask = None if allowed is None else np.isin(blocks[0].ids, allowed)
-                ids, scores = blocks[0].search(self.store.conn, q, k, mask)
-                allowed = None
+                quantized = blocks[0]
             else:
                 ids = np.concatenate([b.ids for b in blocks] or [np.zeros(0, np.int64)])
                 with _one_blas_thread():
                     scores = np.concatenate([b.rows @ q for b in blocks] or [np.zeros(0, np.float32)])
+        if quantized is not None:
+            # Outside the store lock, which the BM25 search running beside this one and every other read and
+            # write of the process take: the scan holds only the lock the copy's edits take, the reads a
+            # pooled connection. Reads newer than the copy's stamp are handled as rescore handles a missing code.
+            with self._scan:
+                found = quantized.candidates(q, k, None if allowed is None else np.isin(quantized.ids, allowed))
+            with self.store.reading() as conn:
+                ids, scores = quantized.rescore(conn, found, q, k)
+            allowed = None
         if allowed is not None:
             keep = np.isin(ids, allowed)
             ids, scores = ids[keep], scores[keep]

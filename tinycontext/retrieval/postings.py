@@ -24,6 +24,7 @@ import json
 import math
 import threading
 import uuid
+from collections import OrderedDict
 from contextlib import contextmanager
 from datetime import datetime, timezone
 
@@ -41,6 +42,10 @@ MIN_MEMORIES = 100_000
 # Rows changed since the build past which searches use FTS5 again until the next build: each changed row is
 # copied (tokenised) once into the in-memory index, and every search masks them out of the snapshot's lists.
 MAX_CHANGES = 10_000
+# Decoded snapshot lists kept between searches (a search reads each word's list twice: for the word counts that bound
+# the query, then to score it; and questions share their common words, whose lists are the longest): up to this
+# many bytes of row ids and frequencies, least recently used dropped.
+LISTS_CACHE_BYTES = 16 * 2**20
 TRIGGERS = ("memory_postings_ai", "memory_postings_ad", "memory_postings_au")
 TABLES = ("memory_postings", "memory_postings_meta", "memory_postings_changes")
 SCHEMA = (
@@ -131,6 +136,22 @@ def _find(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return at, ids[at] == values
 
 
+def _union(lists: list[np.ndarray]) -> np.ndarray:
+    """The sorted union of sorted lists without repeats (np.unique's answer): a stable sort merges the sorted runs
+    in about linear time, where np.unique hashes then sorts, many times slower on a common word's list."""
+    merged = np.sort(np.concatenate(lists), kind="stable")
+    return merged[np.concatenate(([True], merged[1:] != merged[:-1]))] if len(merged) else merged
+
+
+def _best(rows: np.ndarray, score: np.ndarray, depth: int) -> np.ndarray:
+    """Positions of the ``depth`` best by score (descending), then row (ascending), in that order: sorted are only
+    the rows scoring at least the ``depth``-th best score, which every row of the answer does."""
+    among = np.arange(len(score))
+    if len(score) > depth:
+        among = np.flatnonzero(score >= -np.partition(-score, depth - 1)[depth - 1])
+    return among[np.lexsort((rows[among], -score[among]))][:depth]
+
+
 def build(conn, weights: tuple[float, ...] = BM25_WEIGHTS) -> dict | None:
     """(Re)build the snapshot from memories_fts's index, inside the caller's write transaction (all or nothing):
     per token its rows (uint32, ascending) and each row's frequency weighted by column as bm25 weighs it (doubled),
@@ -191,6 +212,9 @@ class _Snapshot:
         self.index.execute("CREATE VIRTUAL TABLE changed_terms USING fts5vocab(changed, instance)")
         self.index.execute(f"CREATE VIRTUAL TABLE words USING fts5(word, tokenize='{tokenize}')")
         self.index.execute("CREATE VIRTUAL TABLE words_terms USING fts5vocab(words, instance)")
+        self.tokens: dict[str, str | None] = {}  # word -> token (the tokenizer is the snapshot's)
+        self.lists: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()  # token -> its snapshot list, decoded
+        self.lists_bytes = 0
 
     def sync(self, conn, upto: int) -> None:
         """Copy the rows changed after ``synced`` (up to change ``upto``) as they are now in ``conn``'s view."""
@@ -209,13 +233,38 @@ class _Snapshot:
 
     def token(self, word: str) -> str | None:
         """The one token FTS5 makes of ``word`` (None when it makes several or none: a phrase)."""
-        self.index.execute("DELETE FROM words")
-        self.index.execute("INSERT INTO words(word) VALUES (?)", (word,))
-        tokens = [t for t, in self.index.execute("SELECT term FROM words_terms")]
-        return tokens[0] if len(tokens) == 1 else None
+        if word not in self.tokens:
+            self.index.execute("DELETE FROM words")
+            self.index.execute("INSERT INTO words(word) VALUES (?)", (word,))
+            tokens = [t for t, in self.index.execute("SELECT term FROM words_terms")]
+            if len(self.tokens) >= 100_000:
+                self.tokens.clear()
+            self.tokens[word] = tokens[0] if len(tokens) == 1 else None
+        return self.tokens[word]
+
+    def snapshot_list(self, conn, token: str) -> tuple[np.ndarray, np.ndarray]:
+        """``token``'s rows in the snapshot (ascending, int64) and their weighted frequencies: a snapshot's lists never
+        change (a build makes a new snapshot), so they are kept decoded up to LISTS_CACHE_BYTES."""
+        found = self.lists.get(token)
+        if found is not None:
+            self.lists.move_to_end(token)
+            return found
+        row = conn.execute("SELECT rows, freqs FROM memory_postings WHERE term = ?", (token,)).fetchone()
+        rows, freqs = np.zeros(0, np.int64), np.zeros(0)
+        if row:
+            rows = np.frombuffer(row[0], np.uint32).astype(np.int64)
+            freqs = np.frombuffer(row[1], np.uint16 if len(row[1]) == 2 * len(rows) else np.uint32) * 0.5
+        self.lists[token] = rows, freqs
+        self.lists_bytes += rows.nbytes + freqs.nbytes
+        while self.lists_bytes > LISTS_CACHE_BYTES and len(self.lists) > 1:
+            old_rows, old_freqs = self.lists.popitem(last=False)[1]
+            self.lists_bytes -= old_rows.nbytes + old_freqs.nbytes
+        return rows, freqs
 
     def changed_postings(self, token: str, weight: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
         """The changed rows holding ``token`` now, and its column-weighted frequency in each."""
+        if not len(self.changed_ids):
+            return np.zeros(0, np.int64), np.zeros(0)
         rows: dict[int, float] = {}
         for doc, col in self.index.execute("SELECT doc, col FROM changed_terms WHERE term = ?", (token,)):
             rows[doc] = rows.get(doc, 0.0) + weight[col]
@@ -324,8 +373,7 @@ class Postings:
         # The rows holding a kept word, in two parts scored each from its own lists: those unchanged since the
         # build (the snapshot's lists, which still hold the changed rows' old entries: no unchanged row meets
         # them) and the changed ones (the copy's lists). A row is in one part, so it gets each phrase's term once.
-        parts = [state.unchanged(np.unique(np.concatenate([lists[i][0] for i in range(len(kept))]))),
-                 np.unique(np.concatenate([lists[i][2] for i in range(len(kept))]))]
+        parts = [state.unchanged(_union([lists[i][0] for i in range(len(kept))])), _union([lists[i][2] for i in range(len(kept))])]
         if span is not None:
             parts = [rows[(rows >= span[0]) & (rows <= span[1])] for rows in parts]
         if not len(parts[0]) + len(parts[1]):
@@ -341,23 +389,23 @@ class Postings:
                     continue  # a phrase absent from every row (or from this part) adds 0.0
                 idf = math.log((n_row - count + 0.5) / (count + 0.5))
                 idf = idf if idf > 0.0 else 1e-6
-                at, hit = _find(found, rows)
-                f = freq[at[hit]]
-                score[hit] += idf * ((f * (K1 + 1.0)) / (f + norm[hit]))
+                # The shorter list is looked up in the longer (both sorted, without repeats: the same pairs).
+                if len(found) < len(rows):
+                    at, hit = _find(rows, found)
+                    where, f = at[hit], freq[hit]
+                else:
+                    at, hit = _find(found, rows)
+                    where, f = np.flatnonzero(hit), freq[at[hit]]
+                score[where] += idf * ((f * (K1 + 1.0)) / (f + norm[where]))
             scores.append(score)
         rows, score = np.concatenate(parts), np.concatenate(scores)
-        order = np.lexsort((rows, -score))[:depth]
-        return [(int(rows[i]), float(score[i])) for i in order]
+        return [(int(rows[i]), float(score[i])) for i in _best(rows, score, depth)]
 
     @staticmethod
     def _postings(conn, state: _Snapshot, token: str, weight: dict[str, float]):
         """``token``'s snapshot rows (ascending, the changed rows' old entries included) and weighted frequencies,
         its changed rows holding it now and theirs, and its row count now (FTS5's, for its IDF)."""
-        found = conn.execute("SELECT rows, freqs FROM memory_postings WHERE term = ?", (token,)).fetchone()
-        rows, freqs = np.zeros(0, np.int64), np.zeros(0)
-        if found:
-            rows = np.frombuffer(found[0], np.uint32).astype(np.int64)
-            freqs = np.frombuffer(found[1], np.uint16 if len(found[1]) == 2 * len(rows) else np.uint32) * 0.5
+        rows, freqs = state.snapshot_list(conn, token)
         changed_rows, changed_freqs = state.changed_postings(token, weight)
         stale = 0
         if len(state.dirty) and len(rows):  # the changed rows' old entries: the dirty ids found in the list
