@@ -51,6 +51,9 @@ class MemoryEngine:
     def __init__(self, config: TinyContextConfig | None = None, *, embedder: EmbedderProtocol | None = None, progress: bool = False):
         self.config = config or TinyContextConfig()
         self._embedder: EmbedderProtocol | None | object = _UNOPENED if embedder is None else embedder
+        # The settings the embedder was opened with: ``config``, or (fast tier, a database built by an older package
+        # model) ``config`` naming that model; see backends.database_config.
+        self.embedding_config = self.config
         self._reindexed: int | None = None  # None until the embedder is bound to the database
         self._bind_lock = threading.Lock()
         self.keyword_reason: str | None = None
@@ -79,7 +82,7 @@ class MemoryEngine:
                 if self._reindexed is None:
                     if self._embedder is _UNOPENED:
                         # None: keyword-only (no model configured, or unavailable and keyword_fallback allows it).
-                        self._embedder, self.keyword_reason = backends.open_embedder(self.config)
+                        self._open_embedder(self.store.stored_identity(), self.store.count_memories())
                     self._embedder, self._reindexed = keyword.bind(self.store, self.config, self._embedder)
         return self._embedder
 
@@ -91,12 +94,17 @@ class MemoryEngine:
 
     def reindex(self) -> int:
         """Re-embed every memory whose vector the configured embedder would make otherwise (another
-        model, or the other document graph of the built-in model); returns how many."""
+        model, the other document graph of the built-in model, or with the fast tier an older package
+        model the database kept); returns how many."""
         with self._bind_lock:
-            if self._embedder is _UNOPENED:
-                self._embedder, self.keyword_reason = backends.open_embedder(self.config)
+            if self._embedder is _UNOPENED or self.embedding_config is not self.config:
+                self._open_embedder(None, 0)  # the model the settings name for a new database
             self._embedder, self._reindexed = keyword.bind(self.store, self.config, self._embedder, convert=True)
         return self._reindexed
+
+    def _open_embedder(self, stored: dict | None, memories: int) -> None:
+        self.embedding_config = backends.database_config(self.config, stored, memories)
+        self._embedder, self.keyword_reason = backends.open_embedder(self.embedding_config)
 
     @property
     def search_mode(self) -> str:
