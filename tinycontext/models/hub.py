@@ -151,7 +151,12 @@ def derived_bundle(entry: DerivedEntry, models_dir: Path) -> ModelBundle:
             raise ModelUnavailableError(
                 f"{entry.name} made from {delta_file} has sha256 {actual[:16]}..., expected {entry.sha256[:16]}...: the delta "
                 f"is corrupt or was replaced. {remedy}", path=str(delta_file), expected=entry.sha256, actual=actual)
-        _atomic_write(model_file, model)
+        try:
+            _atomic_write(model_file, model)
+        except OSError as exc:  # the default model is made on first use, so a read-only models_dir shows here
+            raise ModelUnavailableError(
+                f"Cannot write {entry.name} to {model_file} ({exc}). Set models_dir (TINYCONTEXT_MODELS_DIR) to a writable "
+                f"folder, or embedding_model='{BUILTIN_NAME}' (the built-in, which needs no file).", path=str(model_file)) from exc
     return ModelBundle.from_folder(folder, name=entry.name, revision=entry.revision, sha256=entry.sha256, model_file=model_file,
                                    tokenizer_file=base.tokenizer_file)
 
