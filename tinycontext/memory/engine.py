@@ -23,7 +23,6 @@ from ..retrieval import conversation, language, postings
 from ..budget.tokens import TokenCounter
 from .. import telemetry
 from ..config import TinyContextConfig
-from ..models import backends
 from ..models.backends import NO_MODEL, EmbedderProtocol
 from ..errors import ConflictError, InvalidInputError, MemoryNotFoundError
 from ..retrieval.filters import Filters
@@ -51,9 +50,7 @@ class MemoryEngine:
     def __init__(self, config: TinyContextConfig | None = None, *, embedder: EmbedderProtocol | None = None, progress: bool = False):
         self.config = config or TinyContextConfig()
         self._embedder: EmbedderProtocol | None | object = _UNOPENED if embedder is None else embedder
-        # The settings the embedder was opened with: ``config``, or (fast tier, a database built by an older package
-        # model) ``config`` naming that model; see backends.database_config.
-        self.embedding_config = self.config
+        self.embedding_config = self.config  # what the embedder was opened with (keyword_mode.open_embedder)
         self._reindexed: int | None = None  # None until the embedder is bound to the database
         self._bind_lock = threading.Lock()
         self.keyword_reason: str | None = None
@@ -82,7 +79,7 @@ class MemoryEngine:
                 if self._reindexed is None:
                     if self._embedder is _UNOPENED:
                         # None: keyword-only (no model configured, or unavailable and keyword_fallback allows it).
-                        self._open_embedder(self.store.stored_identity(), self.store.count_memories())
+                        self.embedding_config, self._embedder, self.keyword_reason = keyword.open_embedder(self.store, self.config)
                     self._embedder, self._reindexed = keyword.bind(self.store, self.config, self._embedder)
         return self._embedder
 
@@ -94,17 +91,12 @@ class MemoryEngine:
 
     def reindex(self) -> int:
         """Re-embed every memory whose vector the configured embedder would make otherwise (another
-        model, the other document graph of the built-in model, or with the fast tier an older package
-        model the database kept); returns how many."""
+        model, the other graph of the built-in model, an older package model kept under fast); returns how many."""
         with self._bind_lock:
             if self._embedder is _UNOPENED or self.embedding_config is not self.config:
-                self._open_embedder(None, 0)  # the model the settings name for a new database
+                self.embedding_config, self._embedder, self.keyword_reason = keyword.open_embedder(self.store, self.config, convert=True)
             self._embedder, self._reindexed = keyword.bind(self.store, self.config, self._embedder, convert=True)
         return self._reindexed
-
-    def _open_embedder(self, stored: dict | None, memories: int) -> None:
-        self.embedding_config = backends.database_config(self.config, stored, memories)
-        self._embedder, self.keyword_reason = backends.open_embedder(self.embedding_config)
 
     @property
     def search_mode(self) -> str:
