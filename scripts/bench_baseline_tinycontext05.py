@@ -11,8 +11,8 @@ counting characters as tokens, so its 2,000-token recall budget becomes 2,000 ch
 
 Offline model: 0.5.1's "fast" tier downloads onnx-models/all-MiniLM-L6-v2-onnx, whose graph has
 Transformer + mean Pooling + Normalize inside (a 2-D output that 0.5.1 uses as is). We cannot reach
-the hub, so we build the equivalent from the shared int8 MiniLM bundle (the same weights our `fast`
-tier uses): its graph plus masked-mean pooling and L2 normalisation, output `sentence_embedding`,
+the hub, so we build the equivalent from the shared int8 MiniLM bundle (the same weights as our built-in
+minilm-l6-int8, the `fast` tier before minilm-l6-tuned): its graph plus masked-mean pooling and L2 normalisation, output `sentence_embedding`,
 placed where 0.5.1 looks for it (<models_dir>/all-minilm-l6-v2-onnx/). Without the pooled output
 0.5.1 would fall back to the CLS token of last_hidden_state, which MiniLM was not trained for.
 

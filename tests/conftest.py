@@ -1,9 +1,10 @@
-"""Shared fixtures: the real built-in MiniLM model (loaded once), temp databases, ../shared paths."""
+"""Shared fixtures: the real default MiniLM model (loaded once), temp databases, ../shared paths."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.models.embedder import Embedder
-from tinycontext.models.hub import builtin_bundle
+from tinycontext.models.hub import FAST, resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -24,10 +25,20 @@ def shared_dir() -> Path:
     return SHARED
 
 
+# Where the test processes make the default model from the package once: its file is named by its sha256 and
+# written atomically (models/hub.py), so every worker and subprocess can share and reuse it.
+TEST_MODELS = Path(tempfile.gettempdir()) / "tinycontext-test-models"
+
+
+def default_embedder() -> Embedder:
+    """The model a new database gets with default settings (the fast tier: minilm-l6-tuned, made from the package)."""
+    return Embedder(resolve_model(FAST, TEST_MODELS))
+
+
 @pytest.fixture(scope="session")
 def real_embedder() -> Embedder:
-    """The real all-MiniLM-L6-v2 int8 model that ships with the package (no network)."""
-    return Embedder(builtin_bundle())
+    """The real default model, as the package ships it (no network)."""
+    return default_embedder()
 
 
 class HashEmbedder:
@@ -63,7 +74,7 @@ SUITE_EMBEDDER = os.environ.get("TINYCONTEXT_TEST_EMBEDDER", "hash")
 
 def suite_embedder():
     if SUITE_EMBEDDER == "minilm":
-        return Embedder(builtin_bundle())
+        return default_embedder()
     if SUITE_EMBEDDER != "hash":
         raise ValueError(f"TINYCONTEXT_TEST_EMBEDDER must be hash or minilm, not {SUITE_EMBEDDER!r}")
     return HashEmbedder()

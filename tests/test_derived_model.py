@@ -1,4 +1,4 @@
-"""The opt-in built-in model minilm-l6-tuned: the package's delta over the pinned built-in (models/delta.py, hub.py DERIVED)."""
+"""The default model minilm-l6-tuned (the fast tier for new databases): the package's delta over the pinned built-in (models/delta.py, hub.py DERIVED)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,14 @@ def test_a_corrupt_delta_is_refused_and_writes_nothing(monkeypatch, tmp_path, da
     else:
         assert "cannot be read" in message
     assert not models.exists() or not any(p.is_file() for p in models.rglob("*"))
+
+
+def test_an_unwritable_models_dir_is_model_unavailable_with_the_way_out(tmp_path):
+    models = tmp_path / "models"
+    models.write_text("a file where the folder should be")
+    with pytest.raises(ModelUnavailableError) as caught:
+        resolve_model("fast", models)
+    assert str(models) in caught.value.message and "models_dir" in caught.value.message and "minilm-l6-int8" in caught.value.message
 
 
 def test_the_named_model_recalls_by_meaning(tmp_path):

@@ -16,7 +16,7 @@ from conftest import HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.cli.doctor import render, run_checks
-from tinycontext.models.hub import BUILTIN_NAME, BUILTIN_SHA256, MANIFEST
+from tinycontext.models.hub import BUILTIN_NAME, DERIVED, FAST, MANIFEST, TIERS
 from tinycontext.memory.store import SCHEMA_VERSION
 from tinycontext.sqlite import sqlite_driver
 
@@ -43,7 +43,7 @@ def test_ready_setup_exits_zero(env, tmp_path):
     assert by_name["fts5"]["details"]["available"] is True
     assert by_name["sqlite-vec"]["details"]["version"] == f"v{sqlite_vec.__version__}"
     model = by_name["model"]["details"]
-    assert (model["name"], model["sha256"], model["sha256_verified"]) == (BUILTIN_NAME, BUILTIN_SHA256, True)
+    assert (model["name"], model["sha256"], model["sha256_verified"]) == (TIERS[FAST], DERIVED[TIERS[FAST]].sha256, True)
     assert by_name["embedding"]["details"]["dimensions"] == model["dimensions"]
     assert by_name["tokenizer"]["details"]["encoding"] == "o200k_base"
     assert report["config"]["memory_db_path"] == env["TINYCONTEXT_MEMORY_DB_PATH"]
@@ -60,7 +60,7 @@ def test_ready_setup_exits_zero(env, tmp_path):
     text = doctor(env)
     assert text.returncode == 0 and text.stdout.rstrip().endswith("Ready.")
 
-    assert BUILTIN_SHA256[:12] in text.stdout
+    assert DERIVED[TIERS[FAST]].sha256[:12] in text.stdout
 
 
 def test_telemetry_and_proxies_are_reported_without_the_password(env):

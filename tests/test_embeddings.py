@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from tinycontext.models.identity import same_embedder
 from tinycontext.models.embedder import INT8_GRAPH, OUTLIERS_FILE, Embedder, outlier_graph_name
 from tinycontext.errors import ModelUnavailableError
-from tinycontext.models.hub import BUILTIN_REVISION, BUILTIN_SHA256, builtin_bundle, resolve_model
+from tinycontext.models.hub import BUILTIN_NAME, BUILTIN_REVISION, BUILTIN_SHA256, DERIVED, builtin_bundle, resolve_model
 
 SENTENCES = [
     "The cat sat on the mat.",
@@ -32,19 +32,19 @@ FILLER = "the cat sat on a mat and the dog ran to the park with his friend".spli
 
 
 @pytest.fixture(scope="module")
-def fast():
+def builtin():
     return builtin_bundle()
 
 
 @pytest.fixture(scope="module")
-def plain(fast) -> Embedder:
+def plain(builtin) -> Embedder:
     """No cache (every call computes) and small batches (several padded batches per call)."""
-    return Embedder(fast, cache_size=0, batch_size=3)
+    return Embedder(builtin, cache_size=0, batch_size=3)
 
 
 @pytest.fixture(scope="module")
-def count_tokens(fast):
-    tokenizer = Tokenizer.from_file(str(fast.tokenizer_file))
+def count_tokens(builtin):
+    tokenizer = Tokenizer.from_file(str(builtin.tokenizer_file))
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return lambda text: len(tokenizer.encode(text).ids)  # with [CLS] and [SEP]
@@ -58,11 +58,18 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
-def test_fast_is_the_pinned_builtin_model(fast, tmp_path):
-    model_bytes = fast.model_file.read_bytes()
-    assert fast.sha256 == BUILTIN_SHA256 == hashlib.sha256(model_bytes).hexdigest()
-    assert (fast.revision, fast.dimensions, fast.max_tokens, fast.pooling) == (BUILTIN_REVISION, 384, 256, "mean")
-    assert resolve_model("fast", tmp_path) == fast
+def test_the_builtin_model_is_pinned(builtin, tmp_path):
+    model_bytes = builtin.model_file.read_bytes()
+    assert builtin.sha256 == BUILTIN_SHA256 == hashlib.sha256(model_bytes).hexdigest()
+    assert (builtin.revision, builtin.dimensions, builtin.max_tokens, builtin.pooling) == (BUILTIN_REVISION, 384, 256, "mean")
+    assert resolve_model(BUILTIN_NAME, tmp_path) == builtin
+
+
+def test_fast_is_the_tuned_model_made_from_the_builtin(builtin, tmp_path):
+    fast = resolve_model("fast", tmp_path)
+    assert (fast.name, fast.sha256) == ("minilm-l6-tuned", DERIVED["minilm-l6-tuned"].sha256) and fast.sha256 != BUILTIN_SHA256
+    assert fast.tokenizer_file == builtin.tokenizer_file
+    assert (fast.dimensions, fast.max_tokens, fast.pooling) == (builtin.dimensions, builtin.max_tokens, builtin.pooling)
 
 
 NO_NETWORK = """
@@ -82,14 +89,16 @@ print(json.dumps(vector.tolist()))
 
 
 def test_fast_needs_no_network(real_embedder, tmp_path):
-    """In a fresh process where any socket use raises, 'fast' resolves, loads and embeds."""
+    """In a fresh process where any socket use raises, 'fast' resolves, loads and embeds: its model file is made from
+    the package into the fresh models_dir, the only file written there."""
     models_dir = tmp_path / "models"
     text = "Where did we park the car?"
     proc = subprocess.run([sys.executable, "-c", NO_NETWORK, str(models_dir), text], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9"})
     assert proc.returncode == 0, proc.stderr
     np.testing.assert_allclose(json.loads(proc.stdout), real_embedder.embed_query(text), atol=1e-6)
-    assert not models_dir.exists()  # nothing downloaded, nothing written
+    written = [p.relative_to(models_dir).as_posix() for p in models_dir.rglob("*") if p.is_file()]
+    assert written == [f"minilm-l6-tuned/{DERIVED['minilm-l6-tuned'].sha256[:16]}/model.onnx"]
 
 
 def test_vectors_are_normalised_float32(real_embedder):
@@ -106,29 +115,29 @@ def test_batching_does_not_change_vectors(plain):
     np.testing.assert_allclose(together, alone, atol=1e-5)
 
 
-def test_long_text_is_not_cut_at_the_shipped_128(plain, fast, count_tokens):
+def test_long_text_is_not_cut_at_the_shipped_128(plain, builtin, count_tokens):
     # The shipped tokenizer.json truncates (and pads) at 128; the embedder must not.
-    assert Tokenizer.from_file(str(fast.tokenizer_file)).truncation["max_length"] == 128
+    assert Tokenizer.from_file(str(builtin.tokenizer_file)).truncation["max_length"] == 128
     prefix = filler(150)
     a, b = prefix + " " + filler(90), prefix + " " + " ".join(reversed(FILLER * 6))
-    assert count_tokens(prefix) >= 150 and max(count_tokens(a), count_tokens(b)) < fast.max_tokens
+    assert count_tokens(prefix) >= 150 and max(count_tokens(a), count_tokens(b)) < builtin.max_tokens
     va, vb = plain.embed([a, b], "document")
     assert cosine(va, vb) < 0.9999
 
 
-def test_text_is_truncated_at_max_tokens(plain, fast, count_tokens):
+def test_text_is_truncated_at_max_tokens(plain, builtin, count_tokens):
     prefix = filler(300)
-    assert count_tokens(prefix) > fast.max_tokens
+    assert count_tokens(prefix) > builtin.max_tokens
     va, vb = plain.embed([prefix + " apples and pears", prefix + " rockets and satellites"], "document")
     assert np.array_equal(va, vb)
-    short = Embedder(replace(fast, max_tokens=32), cache_size=0)
+    short = Embedder(replace(builtin, max_tokens=32), cache_size=0)
     a, b = filler(40) + " apples and pears", filler(40) + " rockets and satellites"
     assert np.array_equal(*short.embed([a, b], "document"))
     assert cosine(*plain.embed([a, b], "document")) < 0.9999
 
 
-def test_lru_cache(fast, monkeypatch):
-    embedder = Embedder(fast, cache_size=2)
+def test_lru_cache(builtin, monkeypatch):
+    embedder = Embedder(builtin, cache_size=2)
     computed: list[str] = []
     compute = embedder._compute
     monkeypatch.setattr(embedder, "_compute", lambda texts, session, progress: computed.extend(texts) or compute(texts, session, progress=progress))
@@ -147,30 +156,30 @@ def test_cache_size_zero_computes_every_time(plain, monkeypatch):
     assert np.array_equal(plain.embed_query("alpha"), first) and computed == ["alpha", "alpha"]
 
 
-def test_prefixes_are_applied_and_recorded(fast, plain):
-    embedder = Embedder(fast, query_prefix="query: ", document_prefix="passage: ")
+def test_prefixes_are_applied_and_recorded(builtin, plain):
+    embedder = Embedder(builtin, query_prefix="query: ", document_prefix="passage: ")
     assert (embedder.identity["query_prefix"], embedder.identity["document_prefix"]) == ("query: ", "passage: ")
     np.testing.assert_allclose(embedder.embed_query("red fruit"), plain.embed(["query: red fruit"], "query")[0], atol=1e-6)
     np.testing.assert_allclose(embedder.embed_documents(["red fruit"])[0], plain.embed(["passage: red fruit"], "document")[0], atol=1e-6)
     assert not np.allclose(embedder.embed_query("red fruit"), embedder.embed_documents(["red fruit"])[0])
 
 
-def test_empty_prefix_setting_means_the_models_own(fast, plain):
-    embedder = Embedder(replace(fast, query_prefix="search_query: "), query_prefix="", document_prefix="passage: ")
+def test_empty_prefix_setting_means_the_models_own(builtin, plain):
+    embedder = Embedder(replace(builtin, query_prefix="search_query: "), query_prefix="", document_prefix="passage: ")
     assert (embedder.identity["query_prefix"], embedder.identity["document_prefix"]) == ("search_query: ", "passage: ")
     np.testing.assert_allclose(embedder.embed_query("red fruit"), plain.embed(["search_query: red fruit"], "query")[0], atol=1e-6)
 
 
-def test_cls_pooling_differs_from_mean(fast, plain):
-    cls = Embedder(fast, pooling="cls", cache_size=0)
+def test_cls_pooling_differs_from_mean(builtin, plain):
+    cls = Embedder(builtin, pooling="cls", cache_size=0)
     assert (cls.identity["pooling"], plain.identity["pooling"]) == ("cls", "mean")
     assert np.all(cosine(cls.embed(SENTENCES, "document"), plain.embed(SENTENCES, "document")) < 0.999)
 
 
 @pytest.mark.parametrize("pooling, message", [("graph", "sentence_embedding"), ("static", "cannot be used"), ("max", "cannot be used")])
-def test_unusable_pooling_is_model_unavailable(fast, pooling, message):
+def test_unusable_pooling_is_model_unavailable(builtin, pooling, message):
     with pytest.raises(ModelUnavailableError, match=message) as info:
-        Embedder(fast, pooling=pooling)
+        Embedder(builtin, pooling=pooling)
     assert info.value.code == "model_unavailable"
 
 
@@ -206,27 +215,28 @@ GRAPHS = {"outlier-graph": {}, "int8-graph": {"int8_documents": True}, "float32-
 
 
 @pytest.mark.parametrize("graph", list(GRAPHS))
-def test_vector_does_not_depend_on_batch_or_threads(fast, shared_dir, graph):
+def test_vector_does_not_depend_on_batch_or_threads(builtin, shared_dir, graph):
     """Batches run in parallel on one ONNX thread each: a text's vector must be the same bits
     whether it is embedded alone, among others of other lengths, on one thread or several, on every
     document graph (the int8 ones quantise each token's activations on its own scale)."""
     with open(shared_dir / "datasets" / "scifact" / "corpus.jsonl", encoding="utf-8") as f:
         texts = [json.loads(next(f))["text"] for _ in range(12)] + SENTENCES + ["ok", filler(60)]
-    parallel = Embedder(fast, cache_size=0, batch_size=4, threads=3, **GRAPHS[graph]).embed_documents(texts)
-    serial = Embedder(fast, cache_size=0, threads=1, **GRAPHS[graph])
+    parallel = Embedder(builtin, cache_size=0, batch_size=4, threads=3, **GRAPHS[graph]).embed_documents(texts)
+    serial = Embedder(builtin, cache_size=0, threads=1, **GRAPHS[graph])
     recipe = serial.recipe("document")
     assert recipe.startswith("int8-outliers-") if graph == "outlier-graph" else recipe == (INT8_GRAPH if graph == "int8-graph" else "")
     assert np.array_equal(parallel, serial.embed_documents(texts))
     assert np.array_equal(parallel, np.stack([serial.embed_documents([t])[0] for t in texts]))
 
 
-def test_default_embedder_matches_fp32_minilm(real_embedder, shared_dir, tmp_path):
-    """Quality gate for the default model: its vectors stay those of fp32 MiniLM (SciFact nDCG@10
-    within 0.005 is measured by the harness; this guards the vectors that produce it)."""
+def test_builtin_embedder_matches_fp32_minilm(builtin, shared_dir, tmp_path):
+    """Quality gate for the int8 built-in (what databases from before minilm-l6-tuned keep, and what the tuned
+    model is made from): its vectors stay those of fp32 MiniLM (SciFact nDCG@10 within 0.005 is measured by the
+    harness; this guards the vectors that produce it). The tuned model's own vectors are pinned by its sha256."""
     with open(shared_dir / "datasets" / "scifact" / "queries.jsonl", encoding="utf-8") as f:
         texts = [json.loads(next(f))["text"] for _ in range(40)]
     fp32 = Embedder(resolve_model(str(shared_dir / "models" / "minilm-l6-fp32"), tmp_path), cache_size=0)
-    similarity = cosine(real_embedder.embed_documents(texts), fp32.embed_documents(texts))
+    similarity = cosine(Embedder(builtin).embed_documents(texts), fp32.embed_documents(texts))
     assert similarity.min() >= 0.998 and similarity.mean() >= 0.999
 
 
@@ -237,14 +247,14 @@ def questions(shared_dir: Path, n: int) -> list[str]:
     return texts + [q["question"] for q in conversations[0]["qa"][:n]]
 
 
-def test_int8_graph_stays_close_to_float32(fast, shared_dir):
+def test_int8_graph_stays_close_to_float32(builtin, shared_dir):
     """Queries (by default) and documents (embedding_int8_documents) run on the int8-compute graph, each
     switchable on its own. Gate on the vectors behind the figures in notes/bench_scale.md (queries: cosine
     0.9966 min over 300; documents: 0.9954 min over 2,760 LoCoMo turns, 0.9956 over 5,183 SciFact docs)."""
     texts = questions(shared_dir, 40)
-    int8 = Embedder(fast, cache_size=0, int8_documents=True)
-    exact = Embedder(fast, cache_size=0, int8_queries=False, outlier_documents=False)
-    float_documents = Embedder(fast, cache_size=0, outlier_documents=False)  # int8 queries, float32 documents
+    int8 = Embedder(builtin, cache_size=0, int8_documents=True)
+    exact = Embedder(builtin, cache_size=0, int8_queries=False, outlier_documents=False)
+    float_documents = Embedder(builtin, cache_size=0, outlier_documents=False)  # int8 queries, float32 documents
     assert int8.recipe("query") == int8.recipe("document") == float_documents.recipe("query") == INT8_GRAPH
     assert exact.recipe("query") == exact.recipe("document") == float_documents.recipe("document") == ""
     similarity = cosine(np.stack([int8.embed_query(t) for t in texts]), np.stack([exact.embed_query(t) for t in texts]))
@@ -269,37 +279,37 @@ def locomo_turns(shared_dir: Path, n: int) -> list[str]:
     return [f"{d['speaker']}: {d['text']}" for part in conversation.values() if isinstance(part, list) for d in part][:n]
 
 
-def test_outlier_graph_documents_are_closer_to_float32_than_plain_int8(fast, shared_dir):
+def test_outlier_graph_documents_are_closer_to_float32_than_plain_int8(builtin, shared_dir):
     """The default document graph keeps the calibrated outlier channels in float32: its vectors' distance
     to the float32 ones is a fraction of the plain int8 graph's (the bound fails for the plain graph)."""
     texts = locomo_turns(shared_dir, 80) + questions(shared_dir, 40)
-    exact = Embedder(fast, cache_size=0, outlier_documents=False).embed_documents(texts)
-    outlier = Embedder(fast, cache_size=0).embed_documents(texts)
-    plain = Embedder(fast, cache_size=0, int8_documents=True).embed_documents(texts)
+    exact = Embedder(builtin, cache_size=0, outlier_documents=False).embed_documents(texts)
+    outlier = Embedder(builtin, cache_size=0).embed_documents(texts)
+    plain = Embedder(builtin, cache_size=0, int8_documents=True).embed_documents(texts)
     error = {name: 1 - cosine(vectors, exact) for name, vectors in (("outlier", outlier), ("plain", plain))}
     assert error["outlier"].max() <= OUTLIER_MAX_ERROR < error["plain"].max()
     assert error["outlier"].mean() <= OUTLIER_MEAN_ERROR < error["plain"].mean()
     assert error["outlier"].mean() * 3 < error["plain"].mean()
 
 
-def test_outlier_graph_needs_a_calibration_for_the_model_file(fast, tmp_path):
+def test_outlier_graph_needs_a_calibration_for_the_model_file(builtin, tmp_path):
     """The channels are measured on one model file: a calibration for another file (or none) leaves the
     documents on the float32 graph, as before the outlier graph."""
     folder = tmp_path / "bundle"
-    shutil.copytree(fast.path, folder)
+    shutil.copytree(builtin.path, folder)
     calibration = json.loads((folder / OUTLIERS_FILE).read_text(encoding="utf-8"))
     (folder / OUTLIERS_FILE).write_text(json.dumps({**calibration, "model_sha256": "0" * 64}), encoding="utf-8")
-    assert Embedder(replace(fast, path=folder), cache_size=0).recipe("document") == ""
+    assert Embedder(replace(builtin, path=folder), cache_size=0).recipe("document") == ""
     (folder / OUTLIERS_FILE).unlink()
-    assert Embedder(replace(fast, path=folder), cache_size=0).recipe("document") == ""
-    assert Embedder(fast, cache_size=0).recipe("document") == outlier_graph_name(calibration["channels"])
+    assert Embedder(replace(builtin, path=folder), cache_size=0).recipe("document") == ""
+    assert Embedder(builtin, cache_size=0).recipe("document") == outlier_graph_name(calibration["channels"])
 
 
-def test_the_identity_names_the_document_graph(fast):
+def test_the_identity_names_the_document_graph(builtin):
     """A database records which graph made its vectors; every one from before int8 documents has no such
     key and means float32, so it is not the int8 embedder's, and an embedder binding to it follows it."""
-    int8, float32 = Embedder(fast, cache_size=0, int8_documents=True), Embedder(fast, cache_size=0, outlier_documents=False)
-    outlier = Embedder(fast, cache_size=0)
+    int8, float32 = Embedder(builtin, cache_size=0, int8_documents=True), Embedder(builtin, cache_size=0, outlier_documents=False)
+    outlier = Embedder(builtin, cache_size=0)
     assert outlier.identity == {**float32.identity, "document_graph": outlier.recipe("document")}
     assert outlier.recipe("document") not in ("", INT8_GRAPH)
     for a, b in ((outlier, float32), (outlier, int8)):
@@ -321,18 +331,18 @@ def test_the_identity_names_the_document_graph(fast):
     assert int8.documents_like({**older, "model": "another"}) is int8
 
 
-def test_int8_query_vector_does_not_depend_on_batch_or_threads(fast, shared_dir):
+def test_int8_query_vector_does_not_depend_on_batch_or_threads(builtin, shared_dir):
     """Each token's activations get their own scale, so a query's vector is the same bits alone, in a
     batch of other lengths, on one thread or several (vectors a batch-wide scale would change)."""
     texts = questions(shared_dir, 8) + ["ok", filler(60)]
-    parallel = Embedder(fast, cache_size=0, batch_size=4, threads=3).embed(texts, "query")
-    serial = Embedder(fast, cache_size=0, threads=1)
+    parallel = Embedder(builtin, cache_size=0, batch_size=4, threads=3).embed(texts, "query")
+    serial = Embedder(builtin, cache_size=0, threads=1)
     assert np.array_equal(parallel, serial.embed(texts, "query"))
     assert np.array_equal(parallel, np.stack([serial.embed_query(t) for t in texts]))
 
 
-def test_the_cache_keeps_a_query_apart_from_a_document_of_the_same_text(fast):
-    embedder, exact = Embedder(fast), Embedder(fast, cache_size=0, int8_queries=False)
+def test_the_cache_keeps_a_query_apart_from_a_document_of_the_same_text(builtin):
+    embedder, exact = Embedder(builtin), Embedder(builtin, cache_size=0, int8_queries=False)
     query = embedder.embed_query("red fruit")
     assert np.array_equal(embedder.embed_documents(["red fruit"])[0], exact.embed_documents(["red fruit"])[0])
     assert np.array_equal(embedder.embed_query("red fruit"), query)

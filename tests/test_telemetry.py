@@ -33,7 +33,7 @@ from netguard import LocalServer, send
 from test_web_search import FakeSearx
 from tinycontext import telemetry
 from tinycontext.errors import ConfigError
-from tinycontext.models.hub import BUILTIN_NAME
+from tinycontext.models import hub
 from tinycontext.servers import health, otel
 
 pytest.importorskip("opentelemetry.sdk")
@@ -202,7 +202,7 @@ def check_spans(found: list, *, dense: bool) -> None:
     assert saved["tinycontext.saved"] == 1 and saved["tinycontext.tokens"] > 0
     assert by_name["tinycontext.search.backend"][0]["tinycontext.backend"] == "searxng"
     if dense:
-        assert {a.get("tinycontext.model") for a in by_name["tinycontext.embed"]} == {BUILTIN_NAME}
+        assert {a.get("tinycontext.model") for a in by_name["tinycontext.embed"]} == {hub.TIERS[hub.FAST]}
     failed = [s for s in found if s.name == "tinycontext.save" and attributes(s)["tinycontext.outcome"] != "ok"][0]
     assert failed.status.code == 2 and failed.status.message == "" and not failed.events  # ERROR, no description, no exception event
     # The stages are children of their operation: a page's stages run on a worker thread in the scrape's context.

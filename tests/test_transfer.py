@@ -135,7 +135,9 @@ def test_legacy_tinysuite_database_imports(tmp_path, real_embedder):
         # The legacy vector came from another model, so it was replaced by a real embedding.
         stored = np.frombuffer(target.store.read("SELECT embedding FROM memory_vectors WHERE memory_id = ?", (deploy["id"],))[0][0], np.float32)
         assert np.allclose(stored, real_embedder.embed_documents([deploy["content"]])[0], atol=1e-5)
-        assert target.recall("where is our cluster hosted?", dense_weight=1.0)["memories"][0]["id"] == deploy["id"]
+        # By meaning alone (no word in common), above the relevance floor (0.3) with either package model: "where is our
+        # cluster hosted?" scores 0.345 on minilm-l6-int8 but 0.293 on minilm-l6-tuned (notes/locomo.md, session 18).
+        assert target.recall("which cloud runs our containers?", dense_weight=1.0)["memories"][0]["id"] == deploy["id"]
         assert_consistent(target)
         assert import_file(target, legacy).imported == 0
 

@@ -68,6 +68,8 @@ class TinyContextConfig(BaseModel):
 
     memory_db_path: Path = Field(default_factory=default_db_path)
     models_dir: Path = Field(default_factory=default_models_dir)
+    # A tier (fast, balanced, quality, multilingual), a model name, a bundle folder or a hub repo id. "fast": minilm-l6-tuned
+    # for a new database; one with memories embedded by an older package model (minilm-l6-int8) keeps it until `tinycontext reindex`.
     embedding_model: str = "fast"
     embedding_batch_size: int = Field(32, ge=1, le=1024)
     # FTS5 tokenizer (tinycontext/retrieval/language.py): "porter" (English stemming), "unicode61" (no stemming,

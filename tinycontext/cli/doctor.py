@@ -113,10 +113,18 @@ class Doctor:
 
     def model(self):
         from ..errors import ModelUnavailableError
-        from ..models.backends import open_embedder
-        from ..models.hub import BUILTIN_NAME, DERIVED, MANIFEST, resolve_model
+        from ..models.backends import database_config, open_embedder
+        from ..models.hub import MANIFEST, PACKAGE_MODELS, TIERS, resolve_model
 
         config = self.config
+        path = Path(config.memory_db_path)
+        if path.exists():
+            try:
+                counts, stored = _read_database(path)[3:]
+            except StorageError:
+                counts, stored = {"memories": 0}, None  # the database check reports it
+            config = database_config(config, stored, counts["memories"])
+        kept = config is not self.config  # the fast tier keeps the package model this database was built with
         if config.embedding_backend != "onnx":
             embedder, why = open_embedder(config)
             if embedder is None:
@@ -132,7 +140,7 @@ class Doctor:
                 raise
             self.keyword_only = err.message
             return f"keyword-only (keyword_fallback): {err.message}; recall uses BM25 (FTS5) alone", {"mode": "keyword"}
-        if bundle.name == BUILTIN_NAME or bundle.name in DERIVED:
+        if bundle.name in PACKAGE_MODELS:
             verified = "pinned in tinycontext"
         elif (bundle.path / MANIFEST).is_file():
             verified = "recorded at download"
@@ -143,9 +151,14 @@ class Doctor:
             "model_file": str(bundle.model_file), "sha256": bundle.sha256, "sha256_verified": verified is not None,
             "sha256_source": verified, "dimensions": bundle.dimensions, "max_tokens": bundle.max_tokens,
             "pooling": bundle.pooling, "query_prefix": bundle.query_prefix, "document_prefix": bundle.document_prefix,
+            "kept_for_database": kept,
         }
         check = f"verified against the sha256 {verified}" if verified else "not verified (local folder without manifest)"
-        return f"{bundle.name} @ {bundle.revision}: sha256 {bundle.sha256[:12]}… {check}; {bundle.dimensions} dims, {bundle.pooling} pooling", details
+        summary = f"{bundle.name} @ {bundle.revision}: sha256 {bundle.sha256[:12]}… {check}; {bundle.dimensions} dims, {bundle.pooling} pooling"
+        if kept:
+            summary += (f"; kept: {path} was built with it (new databases get {TIERS[self.config.embedding_model]}; "
+                        "`tinycontext reindex` upgrades this one)")
+        return summary, details
 
     def embedding(self):
         from ..models.embedder import Embedder
@@ -181,7 +194,7 @@ class Doctor:
             if not os.access(parent, os.W_OK):
                 raise StorageError(f"{path} does not exist and {parent} is not writable. Set memory_db_path to a writable place.")
             return f"{path} not created yet; the first save creates it", {"exists": False}
-        return _inspect_database(path, self.embedder.identity if self.embedder else None)
+        return _inspect_database(path, self.embedder)
 
     def browser(self):
         from ..web.browser.launch import describe
@@ -258,11 +271,11 @@ class Doctor:
         }
 
 
-def _inspect_database(path: Path, identity: dict | None) -> tuple[str, dict]:
-    """Schema version, embedder identity and counts of an existing database, opened read-only."""
+def _read_database(path: Path) -> tuple[int, set[str], set[str], dict, dict | None]:
+    """Schema version, tables, memory columns, counts and recorded embedder identity of an existing database,
+    opened read-only."""
     import sqlite_vec
 
-    from ..memory.store import SCHEMA_VERSION, refusal
     from ..sqlite import sqlite_driver
 
     driver = sqlite_driver()[0]
@@ -283,13 +296,24 @@ def _inspect_database(path: Path, identity: dict | None) -> tuple[str, dict]:
             conn.close()
     except driver.Error as exc:
         raise StorageError(f"Cannot read database {path}: {exc}. Check the file and its permissions.") from exc
-    stored = json.loads(row[0]) if row else None
+    return version, tables, columns, counts, json.loads(row[0]) if row else None
+
+
+def _inspect_database(path: Path, embedder) -> tuple[str, dict]:
+    """The database check: ``path`` read, then refused when ``embedder`` (None: keyword-only) cannot use its vectors."""
+    from ..memory.store import SCHEMA_VERSION, refusal
+    from ..models.identity import same_embedder
+
+    version, tables, columns, counts, stored = _read_database(path)
     details = {"exists": True, "path": str(path), "schema_version": version, "latest_schema_version": SCHEMA_VERSION,
                "embedder": stored, **counts}
     refused = refusal(path, version, tables, columns)
     if refused:
         raise StorageError(refused, **details)
-    if stored and identity and stored != identity and counts["memories"]:
+    # As the engine binds: the built-in graphs follow the one the database's vectors came from (documents_like).
+    follow = getattr(embedder, "documents_like", None)
+    identity = (follow(stored) if follow else embedder).identity if embedder is not None else None
+    if stored and identity and not same_embedder(stored, identity) and counts["memories"]:
         raise ModelMismatchError(
             f"{path} was embedded with {stored.get('model')} but the config uses {identity.get('model')}. Run "
             "`tinycontext reindex` to re-embed, or set embedding_model back.", **details)

@@ -23,7 +23,6 @@ from ..retrieval import conversation, language, postings
 from ..budget.tokens import TokenCounter
 from .. import telemetry
 from ..config import TinyContextConfig
-from ..models import backends
 from ..models.backends import NO_MODEL, EmbedderProtocol
 from ..errors import ConflictError, InvalidInputError, MemoryNotFoundError
 from ..retrieval.filters import Filters
@@ -51,6 +50,7 @@ class MemoryEngine:
     def __init__(self, config: TinyContextConfig | None = None, *, embedder: EmbedderProtocol | None = None, progress: bool = False):
         self.config = config or TinyContextConfig()
         self._embedder: EmbedderProtocol | None | object = _UNOPENED if embedder is None else embedder
+        self.embedding_config = self.config  # what the embedder was opened with (keyword_mode.open_embedder)
         self._reindexed: int | None = None  # None until the embedder is bound to the database
         self._bind_lock = threading.Lock()
         self.keyword_reason: str | None = None
@@ -79,7 +79,7 @@ class MemoryEngine:
                 if self._reindexed is None:
                     if self._embedder is _UNOPENED:
                         # None: keyword-only (no model configured, or unavailable and keyword_fallback allows it).
-                        self._embedder, self.keyword_reason = backends.open_embedder(self.config)
+                        self.embedding_config, self._embedder, self.keyword_reason = keyword.open_embedder(self.store, self.config)
                     self._embedder, self._reindexed = keyword.bind(self.store, self.config, self._embedder)
         return self._embedder
 
@@ -91,10 +91,10 @@ class MemoryEngine:
 
     def reindex(self) -> int:
         """Re-embed every memory whose vector the configured embedder would make otherwise (another
-        model, or the other document graph of the built-in model); returns how many."""
+        model, the other graph of the built-in model, an older package model kept under fast); returns how many."""
         with self._bind_lock:
-            if self._embedder is _UNOPENED:
-                self._embedder, self.keyword_reason = backends.open_embedder(self.config)
+            if self._embedder is _UNOPENED or self.embedding_config is not self.config:
+                self.embedding_config, self._embedder, self.keyword_reason = keyword.open_embedder(self.store, self.config, convert=True)
             self._embedder, self._reindexed = keyword.bind(self.store, self.config, self._embedder, convert=True)
         return self._reindexed
 

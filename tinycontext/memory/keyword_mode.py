@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..retrieval import conversation
+from ..models import backends
 from ..models.backends import NO_MODEL
 from .store import insert_vectors
 
@@ -25,6 +26,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 BACKFILL_BATCH = 512
+
+
+def open_embedder(store: "Store", config: "TinyContextConfig", *, convert: bool = False
+                  ) -> tuple["TinyContextConfig", "EmbedderProtocol | None", str | None]:
+    """(the settings used, the embedder or None, why None) for ``store``: ``config``, except that the fast tier keeps
+    the package model a database with memories was built with (backends.database_config); ``convert`` (reindex):
+    the model the settings name for a new database."""
+    stored, memories = (None, 0) if convert else (store.stored_identity(), store.count_memories())
+    settings = backends.database_config(config, stored, memories)
+    return (settings, *backends.open_embedder(settings))
 
 
 def bind(store: "Store", config: "TinyContextConfig", embedder: "EmbedderProtocol | None", *,

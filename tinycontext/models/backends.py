@@ -68,6 +68,18 @@ def create_embedder(config: "TinyContextConfig") -> EmbedderProtocol:
     return factory(config)
 
 
+def database_config(config: "TinyContextConfig", stored: dict | None, memories: int) -> "TinyContextConfig":
+    """``config`` as it applies to a database holding ``memories`` memories embedded as ``stored`` records: the
+    same, except that the fast tier keeps the package model an existing database was built with
+    (:func:`tinycontext.models.hub.model_for_database`)."""
+    if config.embedding_backend != "onnx":
+        return config
+    from .hub import model_for_database
+
+    model = model_for_database(config.embedding_model, stored, memories)
+    return config if model == config.embedding_model else config.model_copy(update={"embedding_model": model})
+
+
 def open_embedder(config: "TinyContextConfig") -> tuple["EmbedderProtocol | None", str | None]:
     """(embedder, None), or (None, why) for keyword-only mode."""
     if config.embedding_backend == NO_MODEL:

@@ -75,7 +75,7 @@ class DerivedEntry:
     revision: str
 
 
-# Opt-in models derived from the built-in: no download, the model file made once into models_dir.
+# Models derived from the built-in: no download, the model file made once into models_dir.
 DERIVED: dict[str, DerivedEntry] = {
     e.name: e
     for e in [
@@ -85,7 +85,21 @@ DERIVED: dict[str, DerivedEntry] = {
     ]
 }
 DELTA_FILE = "model.delta.xz"
-TIERS = {"fast": BUILTIN_NAME, "balanced": "bge-small-en-v1.5", "quality": "bge-base-en-v1.5", "multilingual": "multilingual-e5-small"}
+FAST = "fast"
+TIERS = {FAST: "minilm-l6-tuned", "balanced": "bge-small-en-v1.5", "quality": "bge-base-en-v1.5", "multilingual": "multilingual-e5-small"}
+# The models the package itself ships (no download): what the fast tier has meant in some version.
+PACKAGE_MODELS = frozenset({BUILTIN_NAME, *DERIVED})
+
+
+def model_for_database(spec: str, stored: dict | None, memories: int) -> str:
+    """The ``embedding_model`` setting to load for a database holding ``memories`` memories whose vectors are
+    ``stored``'s (its recorded identity). The fast tier means the package's fast model: a database with memories
+    embedded by one of the package's models keeps that model (one made before the tier became minilm-l6-tuned
+    stays on minilm-l6-int8, no reindex), a new or empty one gets the tier's model; `tinycontext reindex` upgrades.
+    Any other setting, a model named explicitly included, means the same model for every database."""
+    model = stored.get("model") if stored and memories else None
+    return model if spec == FAST and model in PACKAGE_MODELS and model != TIERS[FAST] else spec
+
 
 def verify_sha256(path: Path, expected: str, remedy: str) -> str:
     """``remedy`` tells the user how to get a good copy back (it depends on where the file came from)."""
@@ -137,7 +151,12 @@ def derived_bundle(entry: DerivedEntry, models_dir: Path) -> ModelBundle:
             raise ModelUnavailableError(
                 f"{entry.name} made from {delta_file} has sha256 {actual[:16]}..., expected {entry.sha256[:16]}...: the delta "
                 f"is corrupt or was replaced. {remedy}", path=str(delta_file), expected=entry.sha256, actual=actual)
-        _atomic_write(model_file, model)
+        try:
+            _atomic_write(model_file, model)
+        except OSError as exc:  # the default model is made on first use, so a read-only models_dir shows here
+            raise ModelUnavailableError(
+                f"Cannot write {entry.name} to {model_file} ({exc}). Set models_dir (TINYCONTEXT_MODELS_DIR) to a writable "
+                f"folder, or embedding_model='{BUILTIN_NAME}' (the built-in, which needs no file).", path=str(model_file)) from exc
     return ModelBundle.from_folder(folder, name=entry.name, revision=entry.revision, sha256=entry.sha256, model_file=model_file,
                                    tokenizer_file=base.tokenizer_file)
 
@@ -318,7 +337,7 @@ def hub_bundle(repo_id: str, revision: str, models_dir: Path, *, entry: Registry
 def resolve_model(spec: str, models_dir: Path, *, endpoint: str | None = None) -> ModelBundle:
     """Turn an ``embedding_model`` setting into a verified bundle.
 
-    Accepted: a tier (fast, balanced, quality), a registry name, a model derived from the built-in
+    Accepted: a tier (fast, balanced, quality, multilingual), a registry name, a model derived from the built-in
     (``DERIVED``, e.g. minilm-l6-tuned), a local bundle folder, or a hub repo id (``org/name`` or
     ``org/name@revision``).
     """

@@ -72,10 +72,12 @@ _VECTOR_FIELDS = ("embedding_backend", "embedding_model", "models_dir", "embeddi
 
 def shared_embedder(engine, config: TinyContextConfig):
     """The memory ``engine``'s embedder when it embeds as ``config`` would (so a server holds one copy of
-    the model); None otherwise, or when the engine runs keyword-only, and then scrape loads its own."""
+    the model); None otherwise, or when the engine runs keyword-only, and then scrape loads its own. An
+    engine that kept an older package model for its database (the fast tier) does not embed as ``config``:
+    pages are ranked with the model the settings name for a new database."""
     if engine is None or engine.embedder is None:
         return None
-    same = all(getattr(engine.config, name) == getattr(config, name) for name in _VECTOR_FIELDS)
+    same = all(getattr(engine.embedding_config, name) == getattr(config, name) for name in _VECTOR_FIELDS)
     return engine.embedder if same else None
 
 

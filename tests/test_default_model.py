@@ -1,0 +1,159 @@
+"""The default model: minilm-l6-tuned for new databases, while a database built with the int8 built-in (the default
+before it) keeps loading minilm-l6-int8 under default settings. Real models, real databases, every path that opens one."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from tinycontext import MemoryEngine, TinyContextConfig
+from tinycontext.cli.commands import main
+from tinycontext.cli.doctor import run_checks
+from tinycontext.errors import ModelMismatchError
+from tinycontext.memory.transfer import export_jsonl, import_jsonl
+from tinycontext.models.embedder import Embedder
+from tinycontext.models.hub import BUILTIN_NAME, DERIVED, builtin_bundle, resolve_model
+from tinycontext.web.scrape import embedder_for, shared_embedder
+
+TUNED = "minilm-l6-tuned"
+MEMORIES = ["I adopted a puppy named Rex last spring", "The quarterly budget review moved to Thursday",
+            "My sister moved to Lisbon for a job at a bank"]
+QUESTION = "what kind of dog do I have"
+
+
+def settings(tmp_path, db: str = "memory.db", **fields) -> TinyContextConfig:
+    return TinyContextConfig(memory_db_path=tmp_path / db, models_dir=tmp_path / "models", **fields)
+
+
+def vectors(engine: MemoryEngine) -> dict[str, np.ndarray]:
+    """Each memory's stored vector, by content."""
+    return {m["content"]: np.frombuffer(m["vector"], np.float32) for m in engine.store.dump_memories(vectors=True)}
+
+
+def top(engine: MemoryEngine, query: str = QUESTION) -> str:
+    return engine.recall(query, dense_weight=1.0, top_k=1)["memories"][0]["content"]
+
+
+@pytest.fixture
+def int8_store(tmp_path):
+    """A database as the previous default made it: the int8 built-in, named explicitly here (the same model and
+    identity the fast tier gave before minilm-l6-tuned)."""
+    with MemoryEngine(settings(tmp_path, embedding_model=BUILTIN_NAME)) as engine:
+        engine.save(MEMORIES)
+        assert engine.stats()["embedder"]["model"] == BUILTIN_NAME
+    return tmp_path
+
+
+def test_a_new_database_gets_the_tuned_model(tmp_path):
+    with MemoryEngine(settings(tmp_path)) as engine:
+        engine.save(MEMORIES)
+        assert engine.stats()["embedder"]["model"] == TUNED and engine.stats()["embedder"]["sha256"] == DERIVED[TUNED].sha256
+        assert top(engine) == MEMORIES[0]
+        tuned = Embedder(resolve_model(TUNED, tmp_path / "models"), cache_size=0)
+        np.testing.assert_allclose(vectors(engine)[MEMORIES[1]], tuned.embed_documents([MEMORIES[1]])[0], atol=1e-6)
+
+
+def test_an_int8_database_keeps_int8_under_default_settings(int8_store):
+    builtin = Embedder(builtin_bundle(), cache_size=0)
+    with MemoryEngine(settings(int8_store)) as engine:
+        before = vectors(engine)
+        assert engine.reindexed == 0 and engine.embedder.identity["model"] == BUILTIN_NAME
+        assert top(engine) == MEMORIES[0]
+        engine.save(["We keep the spare house key under the blue flowerpot"])
+        assert top(engine, "where is the spare key hidden") == "We keep the spare house key under the blue flowerpot"
+        after = vectors(engine)
+        assert engine.stats()["embedder"]["model"] == BUILTIN_NAME
+    assert all(np.array_equal(after[text], before[text]) for text in MEMORIES)  # nothing re-embedded
+    new = "We keep the spare house key under the blue flowerpot"
+    np.testing.assert_allclose(after[new], builtin.embed_documents([new])[0], atol=1e-6)  # new memories: int8 vectors
+    assert not (int8_store / "models").exists()  # the tuned model was never needed, so never made
+
+
+def test_an_emptied_int8_database_moves_to_the_tuned_model(int8_store):
+    with MemoryEngine(settings(int8_store)) as engine:
+        for memory in list(engine.store.dump_memories()):
+            engine.delete(memory["id"])
+    with MemoryEngine(settings(int8_store)) as engine:
+        engine.save(MEMORIES[:1])
+        assert engine.stats()["embedder"]["model"] == TUNED
+
+
+def test_a_named_model_is_exactly_that_model(int8_store, tmp_path):
+    with MemoryEngine(settings(int8_store, embedding_model=TUNED)) as engine, pytest.raises(ModelMismatchError) as caught:
+        engine.recall(QUESTION)
+    assert BUILTIN_NAME in caught.value.message and TUNED in caught.value.message and "tinycontext reindex" in caught.value.message
+    with MemoryEngine(settings(tmp_path, "tuned.db")) as engine:
+        engine.save(MEMORIES)
+    with MemoryEngine(settings(tmp_path, "tuned.db", embedding_model=BUILTIN_NAME)) as engine, pytest.raises(ModelMismatchError):
+        engine.save(["one more"])
+    with MemoryEngine(settings(tmp_path, "new.db", embedding_model=BUILTIN_NAME)) as engine:
+        engine.save(MEMORIES)
+        assert engine.stats()["embedder"]["model"] == BUILTIN_NAME
+
+
+def test_reindex_upgrades_an_int8_database(int8_store, env, capsys):  # env: default settings on int8_store's files
+    assert main(["reindex", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["reindexed"] == len(MEMORIES) and result["embedder"]["model"] == TUNED
+    with MemoryEngine(settings(int8_store)) as engine:
+        assert engine.reindexed == 0 and engine.embedder.identity["model"] == TUNED and top(engine) == MEMORIES[0]
+        tuned = Embedder(resolve_model(TUNED, int8_store / "models"), cache_size=0)
+        np.testing.assert_allclose(vectors(engine)[MEMORIES[2]], tuned.embed_documents([MEMORIES[2]])[0], atol=1e-6)
+        assert engine.reindex() == 0  # already the tuned model
+
+
+def test_reindex_after_use_in_the_same_engine(int8_store):
+    with MemoryEngine(settings(int8_store)) as engine:
+        assert top(engine) == MEMORIES[0] and engine.embedder.identity["model"] == BUILTIN_NAME
+        assert engine.reindex() == len(MEMORIES)
+        assert engine.embedder.identity["model"] == TUNED and engine.stats()["embedder"]["model"] == TUNED
+        assert top(engine) == MEMORIES[0]
+
+
+def test_doctor_reports_the_model_the_database_keeps(int8_store, env, monkeypatch):
+    report = run_checks()
+    by_name = {c["name"]: c for c in report["checks"]}
+    assert report["ok"], by_name
+    model = by_name["model"]
+    assert model["details"]["name"] == BUILTIN_NAME and model["details"]["kept_for_database"] is True
+    assert "new databases get minilm-l6-tuned" in model["summary"] and "tinycontext reindex" in model["summary"]
+    assert by_name["database"]["details"]["embedder"]["model"] == BUILTIN_NAME
+    monkeypatch.setenv("TINYCONTEXT_MEMORY_DB_PATH", str(int8_store / "new.db"))
+    model = {c["name"]: c for c in run_checks()["checks"]}["model"]
+    assert model["details"]["name"] == TUNED and model["details"]["kept_for_database"] is False
+
+
+def test_web_ranking_uses_the_default_model_not_an_old_databases(int8_store, tmp_path):
+    config = settings(int8_store)
+    ranking = embedder_for(config)
+    assert ranking.identity["model"] == TUNED
+    with MemoryEngine(config) as engine:
+        assert engine.embedder.identity["model"] == BUILTIN_NAME
+        assert shared_embedder(engine, config) is None  # pages are ranked with the tuned model, loaded for the web
+    with MemoryEngine(settings(tmp_path, "new.db")) as engine:
+        assert shared_embedder(engine, engine.config) is engine.embedder  # one copy when the database has the default
+
+
+def test_an_int8_export_imports_into_a_new_database_with_the_tuned_model(int8_store, tmp_path):
+    out = io.StringIO()
+    with MemoryEngine(settings(int8_store)) as engine:
+        export_jsonl(engine, out)
+    header = json.loads(out.getvalue().splitlines()[0])
+    assert header["embedder"]["model"] == BUILTIN_NAME and header["vectors"]
+    with MemoryEngine(settings(tmp_path, "imported.db")) as engine:
+        import_jsonl(engine, io.StringIO(out.getvalue()))
+        assert engine.stats()["embedder"]["model"] == TUNED and top(engine) == MEMORIES[0]
+        tuned = Embedder(resolve_model(TUNED, tmp_path / "models"), cache_size=0)
+        stored = vectors(engine)
+        np.testing.assert_allclose(np.stack([stored[t] for t in MEMORIES]), tuned.embed_documents(MEMORIES), atol=1e-6)
+    # Back into the int8 database (default settings): its own vectors are reused, nothing is re-embedded.
+    with MemoryEngine(settings(int8_store)) as engine:
+        before = vectors(engine)
+        for memory in list(engine.store.dump_memories())[1:]:
+            engine.delete(memory["id"])
+        import_jsonl(engine, io.StringIO(out.getvalue()))
+        assert engine.embedder.identity["model"] == BUILTIN_NAME
+        assert all(np.array_equal(vectors(engine)[t], before[t]) for t in MEMORIES)
