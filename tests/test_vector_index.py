@@ -363,6 +363,44 @@ def test_quantized_top_10_decided_by_exact_cosines(tmp_path, monkeypatch):
         assert {i for i, _ in eng.candidate_search.dense("query", "s", [], 10)} != {i for i, _ in want}
 
 
+def _table_at(cosines: list[float], seed: int) -> dict[str, np.ndarray]:
+    """A query and one memory per cosine to it (unit rows, 48 dimensions)."""
+    rng = np.random.default_rng(seed)
+    query = rng.standard_normal(48)
+    query /= np.linalg.norm(query)
+    table = {"query": query.astype(np.float32)}
+    for i, cosine in enumerate(cosines):
+        other = rng.standard_normal(48)
+        other -= (other @ query) * query
+        table[f"memory {i}"] = (cosine * query + np.sqrt(1 - cosine**2) * other / np.linalg.norm(other)).astype(np.float32)
+    return table
+
+
+def test_quantized_border_reads_only_rows_that_can_cross(tmp_path, monkeypatch):
+    """Only rows int8 errors could move across the 10th place are read from vec0: none when the 10th and 11th are
+    further apart than BORDER, and not the rows well above the 11th; the top 10 is exact search's either way."""
+    read: list[int] = []
+    blobs = vector_index.vector_blobs
+    monkeypatch.setattr(vector_index, "vector_blobs", lambda conn, ids: read.extend(ids) or blobs(conn, ids))
+    rng = np.random.default_rng(5)
+    unrelated = list(rng.uniform(-0.3, 0.3, 60))
+    gap = [0.9 - 2e-4 * i for i in range(10)] + [0.8 - 1e-4 * i for i in range(30)]  # the 11th 0.1 below the 10th
+    tied = [0.95 - 1e-2 * i for i in range(5)] + [0.8 - 1e-4 * i for i in range(35)]  # 5 well above, then near-ties
+    for name, cosines, expect_read in (("gap", gap, set()), ("tied", tied, None)):
+        table = _table_at(cosines + unrelated, 11)
+        with MemoryEngine(_config(tmp_path / f"{name}.db", vector_cache_max=10, dedup_mode="off"), embedder=TableEmbedder(table)) as eng:
+            ids = eng.save([t for t in table if t != "query"], session_id="s")["ids"]
+            want = _oracle(eng, "query", "s", [], 10)
+            read.clear()
+            got = eng.candidate_search.dense("query", "s", [], 10)
+            assert eng.index.quantized_size == 100 and {i for i, _ in got} == {i for i, _ in want}
+            if expect_read is not None:
+                assert set(read) == expect_read
+            else:  # the near-ties around the 10th are read, the 5 rows far above are not
+                assert not set(read) & set(ids[:5]) and set(ids[9:11]) <= set(read)
+                _same(got[5:], want[5:])
+
+
 @pytest.mark.parametrize("cache_max", [500_000, 100, 0])
 def test_vectors_by_id_are_the_stored_ones(filled, cache_max):
     """The re-rankers' look-up: the stored unit vectors of the ids asked for, from the float copy, a

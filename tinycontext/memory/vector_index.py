@@ -70,9 +70,9 @@ RESCORE_PER_HIT = 10
 RECHECK_MIN = 200
 RECHECK_PER_HIT = 2
 # The int8 cosines err by up to ~1.4e-3 (1M bench_scale vectors), enough to swap near-ties across the 10th place:
-# recall@10 vs exact 0.987 at 1M. So the rows within BORDER of the EXACT_TOP-th score (or of the last, for
-# fewer hits) are rescored from their float32 vectors in vec0: ~2-4 point look-ups a query, ~0.2 ms each; only
-# those can be on the wrong side of it, the rows above stay in and keep their int8 scores.
+# recall@10 vs exact 0.987 at 1M. So the rows that could be on the wrong side of the EXACT_TOP-th place (or of the
+# last, for fewer hits) are rescored from their float32 vectors in vec0 (~0.3 ms a point look-up): a row above it
+# within BORDER of the next row's score, a row below it within BORDER of its score; the others keep their int8 scores.
 EXACT_TOP = 10
 BORDER = 3e-3
 
@@ -253,12 +253,14 @@ class _QuantBlock:
 
 
 def _exact_border(conn, ids: np.ndarray, scores: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
-    """``scores`` with those within BORDER of the ``k``-th best replaced by the exact cosines of the
-    rows' stored float32 vectors (a vector missing keeps its int8 score: the stamp catches that change)."""
+    """``scores`` with the exact cosines of the rows' stored float32 vectors where int8 errors could move a row
+    across the ``k``-th place: one of the best k within BORDER of the (k + 1)-th score, or a row below within BORDER
+    of the k-th (a vector missing keeps its int8 score: the stamp catches that change). Which rows are the best k is
+    then exact search's (errors of at most BORDER / 2); the order among those above the border stays int8's."""
     if k <= 0 or len(ids) <= k:
         return scores  # every row is returned: which are in the top k does not depend on the scores
-    kth = -np.partition(-scores, k - 1)[k - 1]
-    near = np.flatnonzero(np.abs(scores - kth) <= BORDER)
+    kth, next_ = -np.partition(-scores, (k - 1, k))[k - 1: k + 1]
+    near = np.flatnonzero(np.where(scores >= kth, scores <= next_ + BORDER, scores >= kth - BORDER))
     blobs = vector_blobs(conn, ids[near].tolist())
     for i in near.tolist():
         blob = blobs.get(int(ids[i]))
