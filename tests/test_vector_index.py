@@ -444,6 +444,32 @@ def test_hamming_stage_keeps_the_nearest_rows(dimensions):
         assert sorted(distance[found]) == sorted(distance[allowed])[:200]
 
 
+def test_hamming_depth_grows_with_the_rows_searched(monkeypatch):
+    """With the 4-bit codes held, the Hamming stage keeps at least one candidate per RESCORE_ROWS rows searched (the
+    rows a filter allows), so a larger session keeps its recall; without them (int8 codes read per candidate) it keeps
+    RESCORE_MIN. The rows kept are still the nearest by Hamming distance."""
+    monkeypatch.setattr(vector_index, "RESCORE_MIN", 50)
+    monkeypatch.setattr(vector_index, "RESCORE_ROWS", 10)
+    rng = np.random.default_rng(9)
+    centre = np.zeros(48, np.float32)
+    rows = codes.unit(rng.standard_normal((3000, 48)))
+    depths: list[int] = []
+    scan = vector_index._QuantBlock.nearest_bits
+    monkeypatch.setattr(vector_index._QuantBlock, "nearest_bits", lambda self, q, depth, mask: depths.append(depth) or scan(self, q, depth, mask))
+    held = vector_index._QuantBlock(centre=centre, with_codes=True)
+    held.append_bits(np.arange(3000, dtype=np.int64), codes.sign_bits(rows, centre), codes.int8_codes(rows, centre))
+    bare = vector_index._QuantBlock(centre=centre)
+    bare.append_bits(np.arange(3000, dtype=np.int64), codes.sign_bits(rows, centre))
+    query = codes.unit(rows[7] + 0.3 * rng.standard_normal(48))
+    mask = rng.random(3000) < 0.5
+    held.candidates(query, 3, None)
+    held.candidates(query, 3, mask)
+    bare.candidates(query, 3, None)
+    assert depths == [300, int(mask.sum()) // 10, 50]
+    distance = np.unpackbits(held._bits[: held.n, :6] ^ codes.sign_bits(query[None, :], centre), axis=1).sum(axis=1)
+    assert sorted(distance[held.nearest_bits(query, 300, None)]) == sorted(distance)[:300]
+
+
 def test_quantized_scan_leaves_the_store_lock_free(tmp_path, monkeypatch):
     """The Hamming scan of a quantised session runs outside the store lock (the BM25 search beside it takes
     the lock for its stamp): while a scan is held up, the lock is free, and a save commits but applies its

@@ -65,6 +65,11 @@ LOAD_SLICE = 8192
 # memories (the sweep: notes/bench_scale.md).
 RESCORE_MIN = 4000
 RESCORE_PER_HIT = 10
+# With the 4-bit codes held, also at least one per RESCORE_ROWS rows searched: the true top 10's Hamming ranks grow with
+# the session (at 8.5M rows 4,000 candidates lost 1.2 % of the top 10, every miss at the Hamming stage; 8,519 lost 0.3 %
+# for ~2.5 ms more CPU, notes/bench_scale.md). Without them every candidate's int8 code is read from SQLite, so the
+# depth stays where it is.
+RESCORE_ROWS = 1000
 # With the 4-bit codes in RAM, the candidates they rank best whose int8 codes are read to score them:
 # at least RECHECK_MIN, RECHECK_PER_HIT per requested hit (4-bit cosines err by ~3e-3, a few hundredths at worst).
 RECHECK_MIN = 200
@@ -225,7 +230,7 @@ class _QuantBlock:
         :func:`rescore_depth` nearest by Hamming distance (only rows where ``mask`` is set, skipped
         inside the scan), or with the 4-bit codes held, the :func:`recheck_depth` of them they rank best."""
         allowed = self.n if mask is None else int(mask.sum())
-        depth = min(allowed, rescore_depth(count))
+        depth = min(allowed, rescore_depth(count, allowed if self._codes is not None else 0))
         if depth <= 0:
             return np.zeros(0, np.int64)
         found = self.nearest_bits(query, depth, mask)
@@ -282,9 +287,10 @@ def _grown(array: np.ndarray, n: int, capacity: int, width: int) -> np.ndarray:
     return grown
 
 
-def rescore_depth(count: int) -> int:
-    """Candidates the Hamming stage keeps for ``count`` hits: RESCORE_MIN, or RESCORE_PER_HIT each."""
-    return max(RESCORE_MIN, RESCORE_PER_HIT * count)
+def rescore_depth(count: int, rows: int = 0) -> int:
+    """Candidates the Hamming stage keeps for ``count`` hits among ``rows`` rows: RESCORE_MIN, RESCORE_PER_HIT each, or
+    one per RESCORE_ROWS rows, whichever is most (``rows`` 0: the size does not count)."""
+    return max(RESCORE_MIN, RESCORE_PER_HIT * count, rows // RESCORE_ROWS)
 
 
 def recheck_depth(count: int) -> int:
