@@ -363,6 +363,44 @@ def test_quantized_top_10_decided_by_exact_cosines(tmp_path, monkeypatch):
         assert {i for i, _ in eng.candidate_search.dense("query", "s", [], 10)} != {i for i, _ in want}
 
 
+def _table_at(cosines: list[float], seed: int) -> dict[str, np.ndarray]:
+    """A query and one memory per cosine to it (unit rows, 48 dimensions)."""
+    rng = np.random.default_rng(seed)
+    query = rng.standard_normal(48)
+    query /= np.linalg.norm(query)
+    table = {"query": query.astype(np.float32)}
+    for i, cosine in enumerate(cosines):
+        other = rng.standard_normal(48)
+        other -= (other @ query) * query
+        table[f"memory {i}"] = (cosine * query + np.sqrt(1 - cosine**2) * other / np.linalg.norm(other)).astype(np.float32)
+    return table
+
+
+def test_quantized_border_reads_only_rows_that_can_cross(tmp_path, monkeypatch):
+    """Only rows int8 errors could move across the 10th place are read from vec0: none when the 10th and 11th are
+    further apart than BORDER, and not the rows well above the 11th; the top 10 is exact search's either way."""
+    read: list[int] = []
+    blobs = vector_index.vector_blobs
+    monkeypatch.setattr(vector_index, "vector_blobs", lambda conn, ids: read.extend(ids) or blobs(conn, ids))
+    rng = np.random.default_rng(5)
+    unrelated = list(rng.uniform(-0.3, 0.3, 60))
+    gap = [0.9 - 2e-4 * i for i in range(10)] + [0.8 - 1e-4 * i for i in range(30)]  # the 11th 0.1 below the 10th
+    tied = [0.95 - 1e-2 * i for i in range(5)] + [0.8 - 1e-4 * i for i in range(35)]  # 5 well above, then near-ties
+    for name, cosines, expect_read in (("gap", gap, set()), ("tied", tied, None)):
+        table = _table_at(cosines + unrelated, 11)
+        with MemoryEngine(_config(tmp_path / f"{name}.db", vector_cache_max=10, dedup_mode="off"), embedder=TableEmbedder(table)) as eng:
+            ids = eng.save([t for t in table if t != "query"], session_id="s")["ids"]
+            want = _oracle(eng, "query", "s", [], 10)
+            read.clear()
+            got = eng.candidate_search.dense("query", "s", [], 10)
+            assert eng.index.quantized_size == 100 and {i for i, _ in got} == {i for i, _ in want}
+            if expect_read is not None:
+                assert set(read) == expect_read
+            else:  # the near-ties around the 10th are read, the 5 rows far above are not
+                assert not set(read) & set(ids[:5]) and set(ids[9:11]) <= set(read)
+                _same(got[5:], want[5:])
+
+
 @pytest.mark.parametrize("cache_max", [500_000, 100, 0])
 def test_vectors_by_id_are_the_stored_ones(filled, cache_max):
     """The re-rankers' look-up: the stored unit vectors of the ids asked for, from the float copy, a
@@ -404,6 +442,32 @@ def test_hamming_stage_keeps_the_nearest_rows(dimensions):
         found = block.nearest_bits(query.astype(np.float32), 200, mask)
         assert len(set(found.tolist())) == 200 and allowed[found].all()
         assert sorted(distance[found]) == sorted(distance[allowed])[:200]
+
+
+def test_hamming_depth_grows_with_the_rows_searched(monkeypatch):
+    """With the 4-bit codes held, the Hamming stage keeps at least one candidate per RESCORE_ROWS rows searched (the
+    rows a filter allows), so a larger session keeps its recall; without them (int8 codes read per candidate) it keeps
+    RESCORE_MIN. The rows kept are still the nearest by Hamming distance."""
+    monkeypatch.setattr(vector_index, "RESCORE_MIN", 50)
+    monkeypatch.setattr(vector_index, "RESCORE_ROWS", 10)
+    rng = np.random.default_rng(9)
+    centre = np.zeros(48, np.float32)
+    rows = codes.unit(rng.standard_normal((3000, 48)))
+    depths: list[int] = []
+    scan = vector_index._QuantBlock.nearest_bits
+    monkeypatch.setattr(vector_index._QuantBlock, "nearest_bits", lambda self, q, depth, mask: depths.append(depth) or scan(self, q, depth, mask))
+    held = vector_index._QuantBlock(centre=centre, with_codes=True)
+    held.append_bits(np.arange(3000, dtype=np.int64), codes.sign_bits(rows, centre), codes.int8_codes(rows, centre))
+    bare = vector_index._QuantBlock(centre=centre)
+    bare.append_bits(np.arange(3000, dtype=np.int64), codes.sign_bits(rows, centre))
+    query = codes.unit(rows[7] + 0.3 * rng.standard_normal(48))
+    mask = rng.random(3000) < 0.5
+    held.candidates(query, 3, None)
+    held.candidates(query, 3, mask)
+    bare.candidates(query, 3, None)
+    assert depths == [300, int(mask.sum()) // 10, 50]
+    distance = np.unpackbits(held._bits[: held.n, :6] ^ codes.sign_bits(query[None, :], centre), axis=1).sum(axis=1)
+    assert sorted(distance[held.nearest_bits(query, 300, None)]) == sorted(distance)[:300]
 
 
 def test_quantized_scan_leaves_the_store_lock_free(tmp_path, monkeypatch):

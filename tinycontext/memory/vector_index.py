@@ -65,14 +65,19 @@ LOAD_SLICE = 8192
 # memories (the sweep: notes/bench_scale.md).
 RESCORE_MIN = 4000
 RESCORE_PER_HIT = 10
+# With the 4-bit codes held, also at least one per RESCORE_ROWS rows searched: the true top 10's Hamming ranks grow with
+# the session (at 8.5M rows 4,000 candidates lost 1.2 % of the top 10, every miss at the Hamming stage; 8,519 lost 0.3 %
+# for ~2.5 ms more CPU, notes/bench_scale.md). Without them every candidate's int8 code is read from SQLite, so the
+# depth stays where it is.
+RESCORE_ROWS = 1000
 # With the 4-bit codes in RAM, the candidates they rank best whose int8 codes are read to score them:
 # at least RECHECK_MIN, RECHECK_PER_HIT per requested hit (4-bit cosines err by ~3e-3, a few hundredths at worst).
 RECHECK_MIN = 200
 RECHECK_PER_HIT = 2
 # The int8 cosines err by up to ~1.4e-3 (1M bench_scale vectors), enough to swap near-ties across the 10th place:
-# recall@10 vs exact 0.987 at 1M. So the rows within BORDER of the EXACT_TOP-th score (or of the last, for
-# fewer hits) are rescored from their float32 vectors in vec0: ~2-4 point look-ups a query, ~0.2 ms each; only
-# those can be on the wrong side of it, the rows above stay in and keep their int8 scores.
+# recall@10 vs exact 0.987 at 1M. So the rows that could be on the wrong side of the EXACT_TOP-th place (or of the
+# last, for fewer hits) are rescored from their float32 vectors in vec0 (~0.3 ms a point look-up): a row above it
+# within BORDER of the next row's score, a row below it within BORDER of its score; the others keep their int8 scores.
 EXACT_TOP = 10
 BORDER = 3e-3
 
@@ -225,7 +230,7 @@ class _QuantBlock:
         :func:`rescore_depth` nearest by Hamming distance (only rows where ``mask`` is set, skipped
         inside the scan), or with the 4-bit codes held, the :func:`recheck_depth` of them they rank best."""
         allowed = self.n if mask is None else int(mask.sum())
-        depth = min(allowed, rescore_depth(count))
+        depth = min(allowed, rescore_depth(count, allowed if self._codes is not None else 0))
         if depth <= 0:
             return np.zeros(0, np.int64)
         found = self.nearest_bits(query, depth, mask)
@@ -253,12 +258,14 @@ class _QuantBlock:
 
 
 def _exact_border(conn, ids: np.ndarray, scores: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
-    """``scores`` with those within BORDER of the ``k``-th best replaced by the exact cosines of the
-    rows' stored float32 vectors (a vector missing keeps its int8 score: the stamp catches that change)."""
+    """``scores`` with the exact cosines of the rows' stored float32 vectors where int8 errors could move a row
+    across the ``k``-th place: one of the best k within BORDER of the (k + 1)-th score, or a row below within BORDER
+    of the k-th (a vector missing keeps its int8 score: the stamp catches that change). Which rows are the best k is
+    then exact search's (errors of at most BORDER / 2); the order among those above the border stays int8's."""
     if k <= 0 or len(ids) <= k:
         return scores  # every row is returned: which are in the top k does not depend on the scores
-    kth = -np.partition(-scores, k - 1)[k - 1]
-    near = np.flatnonzero(np.abs(scores - kth) <= BORDER)
+    kth, next_ = -np.partition(-scores, (k - 1, k))[k - 1: k + 1]
+    near = np.flatnonzero(np.where(scores >= kth, scores <= next_ + BORDER, scores >= kth - BORDER))
     blobs = vector_blobs(conn, ids[near].tolist())
     for i in near.tolist():
         blob = blobs.get(int(ids[i]))
@@ -280,9 +287,10 @@ def _grown(array: np.ndarray, n: int, capacity: int, width: int) -> np.ndarray:
     return grown
 
 
-def rescore_depth(count: int) -> int:
-    """Candidates the Hamming stage keeps for ``count`` hits: RESCORE_MIN, or RESCORE_PER_HIT each."""
-    return max(RESCORE_MIN, RESCORE_PER_HIT * count)
+def rescore_depth(count: int, rows: int = 0) -> int:
+    """Candidates the Hamming stage keeps for ``count`` hits among ``rows`` rows: RESCORE_MIN, RESCORE_PER_HIT each, or
+    one per RESCORE_ROWS rows, whichever is most (``rows`` 0: the size does not count)."""
+    return max(RESCORE_MIN, RESCORE_PER_HIT * count, rows // RESCORE_ROWS)
 
 
 def recheck_depth(count: int) -> int:
