@@ -177,6 +177,9 @@ class TinyContextConfig(BaseModel):
     # Read-only connections recall and other reads use at once (WAL: they do not wait for each other or
     # for a write); 0: reads share the write connection.
     read_connections: int = Field(4, ge=0, le=64)
+    # Page cache of the write connection, MiB: a bulk import or a big save keeps its dirty pages here instead of
+    # spilling them to the WAL mid-transaction (notes/bench_scale.md, session 19). Filled only as pages are used.
+    write_cache_mib: int = Field(64, ge=2, le=4096)
     # SSRF guard: let web fetches reach loopback/private/link-local hosts (local test servers, intranets).
     allow_private_hosts: bool = False
     # The MCP tools on offer, by capability: memory (save, recall), manage (get, update, delete, list, sessions,

@@ -55,7 +55,7 @@ class MemoryEngine:
         self._bind_lock = threading.Lock()
         self.keyword_reason: str | None = None
         self.tokens = TokenCounter(self.config.encoding_name)
-        self.store = Store(self.config.memory_db_path, readers=self.config.read_connections)
+        self.store = Store(self.config.memory_db_path, readers=self.config.read_connections, write_cache_mib=self.config.write_cache_mib)
         try:
             language.set_tokenizer(self.store, self.config.fts_tokenizer)
             # A new database gets a vector table at once, so counts and deletes never need the model.

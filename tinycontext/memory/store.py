@@ -88,7 +88,7 @@ class Store:
     WAL neither wait for each other nor for a write in progress (0: reads share the write
     connection). Other processes coordinate through WAL and ``busy_timeout``."""
 
-    def __init__(self, path: Path | str, *, target_version: int = SCHEMA_VERSION, readers: int = 0):
+    def __init__(self, path: Path | str, *, target_version: int = SCHEMA_VERSION, readers: int = 0, write_cache_mib: int = 64):
         self.path = Path(path)
         # A private in-memory database exists only on its own connection.
         self._max_readers = 0 if str(path) == ":memory:" else readers
@@ -114,6 +114,9 @@ class Store:
             self.conn.execute("PRAGMA journal_mode = WAL")
             self.conn.execute("PRAGMA synchronous = NORMAL")
             self.conn.execute("PRAGMA foreign_keys = ON")
+            # SQLite's 2 MB default spills a bulk write's dirty pages to the WAL mid-transaction and reads them back
+            # (notes/bench_scale.md, session 19); pages are allocated as used, so a process that writes little holds little.
+            self.conn.execute(f"PRAGMA cache_size = -{int(write_cache_mib) * 1024}")
             self.migrate(target_version)
         except self.driver.Error as exc:  # e.g. the path holds something that is not a database
             self.conn.close()
