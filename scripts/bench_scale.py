@@ -107,8 +107,14 @@ def build(work: Path, n: int, batch: int) -> dict:
                 imported += len(result["ids"])
                 bar.update(len(result["ids"]) + len(result["skipped"]))
         seconds = time.perf_counter() - started
+        # What a user runs after a bulk build (`tinycontext optimize`): one full-text segment, and the BM25 postings
+        # snapshot from postings.MIN_MEMORIES.
+        optimized = time.perf_counter()
+        merged = engine.store.optimize()
+        optimize_s = time.perf_counter() - optimized
     return {"memories": have + imported, "imported_now": imported, "pool_texts": len(texts), "import_s": seconds,
-            "imports_per_s": imported / seconds if seconds else None, "loadavg": os.getloadavg(),
+            "imports_per_s": imported / seconds if seconds else None, "optimize_s": optimize_s,
+            "postings": merged["postings"] is not None, "loadavg": os.getloadavg(),
             "peak_rss_mb_build": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -254,7 +260,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=100, help="fresh queries per recall setting")
     parser.add_argument("--exact", type=int, default=50, help="queries checked against exact search (0: none)")
     parser.add_argument("--cache-max", type=int, default=TinyContextConfig().vector_cache_max,
-                        help="vector_cache_max for recall (sessions above it are held quantised)")
+                        help="vector_cache_max for recall (sessions above it, or above vector_exact_max, are held quantised)")
     parser.add_argument("--codes-max", type=int, default=TinyContextConfig().vector_codes_max,
                         help="vector_codes_max for recall (quantised sessions up to it hold their codes in RAM at 4 bits)")
     parser.add_argument("--json", type=Path)

@@ -163,7 +163,8 @@ def table(results: dict) -> str:
             if b and b.get("imports_per_s"):
                 build = f"{b['import_s']:.0f} s, {b['imports_per_s']:,.0f}/s" + (
                     f" (resumed: {b['imported_now']:,} of {b['memories']:,} in that run)" if b["imported_now"] != b["memories"] else "") + (
-                    f" (**record of {b['memories']:,} memories**)" if b["memories"] != r["memories"] else "")
+                    f" (**record of {b['memories']:,} memories**)" if b["memories"] != r["memories"] else "") + (
+                    f", optimize {b['optimize_s']:.0f} s" if b.get("optimize_s") is not None else "")
             cells = [f"{r[f'recall_{k}_ms']['p50']:.1f} / {r[f'recall_{k}_ms']['p95']:.1f} ({r[f'recall_{k}_ms']['cpu_p50']:.1f})"
                      for k in ("default", "dense_only", "bm25_only")]
             exact = (f"{r['dense_recall@10_vs_exact']:.3f} ({r['exact_queries']} q)" if "dense_recall@10_vs_exact" in r else "not checked")

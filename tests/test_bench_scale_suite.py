@@ -65,3 +65,10 @@ def test_a_failed_part_is_shown_and_the_others_still_are(run):
     assert _rows(text, name)[0][1] == "scale.db missing"
     assert f"**record of {run['scale']['points'][other]['build']['memories']:,} memories**" in _rows(text, other)[0][3]
     assert _rows(text, "1")  # the ingest round is still there
+
+
+def test_a_build_record_with_its_optimize_shows_it(run):
+    name = next(iter(run["scale"]["points"]))
+    assert "optimize" not in _rows(bench_scale_suite.table(run), name)[0][3]  # records from before it was timed
+    run["scale"]["points"][name]["build"]["optimize_s"] = 12.4
+    assert _rows(bench_scale_suite.table(run), name)[0][3].endswith(", optimize 12 s")

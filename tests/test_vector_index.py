@@ -309,6 +309,22 @@ def test_quantized_session_close_to_brute_force(filled, monkeypatch, tags):
         _same(eng.candidate_search.dense("alpha", None, [], 10), _oracle(eng, "alpha", None, [], 10))  # 450 > 100: sqlite-vec
 
 
+def test_exact_max_splits_float_and_two_stage_sessions(filled, monkeypatch):
+    """vector_exact_max: a session above it is searched in two stages although vector_cache_max could hold its floats;
+    searches across all sessions still use the float rows (450 <= vector_cache_max); without two-stage search
+    (vector_quantized_max 0) the session stays exact."""
+    monkeypatch.setattr(vector_index, "RESCORE_MIN", 100)
+    with MemoryEngine(_config(filled, vector_exact_max=100), embedder=SpreadEmbedder()) as eng:
+        got, want = eng.candidate_search.dense("zulu tango lima", "a", [], 10), _oracle(eng, "zulu tango lima", "a", [], 10)
+        assert _overlap(got, want) >= 0.8 and eng.index.quantized_size == 150 and eng.index.size == 0
+        _same(eng.candidate_search.dense("alpha", None, [], 10), _oracle(eng, "alpha", None, [], 10))
+        assert eng.index.size == 450
+    for update in ({"vector_exact_max": 150}, {"vector_exact_max": 100, "vector_quantized_max": 0}):
+        with MemoryEngine(_config(filled, **update), embedder=SpreadEmbedder()) as eng:
+            _same(eng.candidate_search.dense("kilo", "b", [], 10), _oracle(eng, "kilo", "b", [], 10))
+            assert eng.index.size == 150 and eng.index.quantized_size == 0
+
+
 def test_quantized_session_follows_writes(tmp_path):
     with MemoryEngine(_config(tmp_path / "m.db", vector_cache_max=10), embedder=SpreadEmbedder()) as eng:
         ids = eng.save([f"memory number {i}" for i in range(30)], session_id="s")["ids"]

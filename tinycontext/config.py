@@ -164,8 +164,13 @@ class TinyContextConfig(BaseModel):
     reindex: Literal["error", "auto"] = "error"
     max_content_chars: int = Field(100_000, ge=1)
     max_batch_size: int = Field(1000, ge=1)
-    # Vectors held in RAM for fast exact dense search (0: always query sqlite-vec); bigger sessions use sqlite-vec.
+    # Float32 vectors held in RAM for exact dense search: sessions up to vector_exact_max, and every session's for
+    # searches across all of them (0: always query sqlite-vec).
     vector_cache_max: int = Field(200_000, ge=0)
+    # Sessions up to this many vectors are searched exactly over their float32 rows; larger ones in two stages (below),
+    # whose cost hardly grows with the session while a float scan's grows with every row (notes/bench_scale.md,
+    # session 19). Searches across all sessions use the float rows up to vector_cache_max.
+    vector_exact_max: int = Field(25_000, ge=0)
     # Bigger sessions are searched in two stages up to this many vectors: sign bits in RAM (~72 bytes a
     # vector with its id: 48 bytes of bits at 384 dimensions, held padded to 64 for faiss's faster scan), int8 codes
     # read from the database for the candidates (tinycontext/memory/vector_index.py).

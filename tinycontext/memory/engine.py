@@ -64,7 +64,7 @@ class MemoryEngine:
             self.store.close()
             raise
         self.index = VectorIndex(self.store, self.config.vector_cache_max, self.config.vector_quantized_max,
-                                 self.config.vector_codes_max)
+                                 self.config.vector_codes_max, self.config.vector_exact_max)
         self.progress = progress
         self.candidate_search = CandidateSearch(self.store, self.index, self.config, lambda: self.embedder)
 

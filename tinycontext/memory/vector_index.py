@@ -17,7 +17,8 @@ The copy stays exact:
   through vec0, which returns rows one at a time (~20 us each: 0.2 s for 10k vectors, ~2 s for
   100k), so it pays off after a few queries, not on every one.
 
-Sessions larger than ``max_vectors`` (the ``vector_cache_max`` setting; 0 disables the copy) are
+Sessions larger than ``exact_max`` (``vector_exact_max``) or than ``max_vectors`` (the ``vector_cache_max`` setting,
+which also bounds the float rows held for searches across all sessions; 0 disables the copy) are
 searched in two stages over the compact codes every vector has beside it (tinycontext/memory/codes.py),
 up to ``quantized_max`` vectors (``vector_quantized_max``; 0: never): the sign bits of all the
 session's rows are held in RAM (48 bytes a vector at 384 dimensions, padded to 64 for the scan: 10M vectors
@@ -312,9 +313,11 @@ class VectorIndex:
     take the lock (a search of a quantised session only to find its block), :meth:`nearest` runs inside :meth:`write`.
     """
 
-    def __init__(self, store: Store, max_vectors: int, quantized_max: int = 0, codes_max: int = 0):
+    def __init__(self, store: Store, max_vectors: int, quantized_max: int = 0, codes_max: int = 0, exact_max: int | None = None):
         self.store = store
         self.max_vectors = max_vectors
+        # A float scan's cost grows with every row, the two stages' hardly (notes/bench_scale.md, session 19).
+        self.exact_max = max_vectors if exact_max is None else min(exact_max, max_vectors)
         self.quantized_max = quantized_max
         self.codes_max = codes_max
         self._blocks: OrderedDict[str, _Block] = OrderedDict()  # least recently used first
@@ -415,8 +418,8 @@ class VectorIndex:
             self._blocks.move_to_end(session)
             return block
         count = self.store.conn.execute("SELECT count(*) FROM memories WHERE session_id = ?", (session,)).fetchone()[0]
-        quantized = count > self.max_vectors
-        if quantized and count > self.quantized_max:
+        quantized = self.exact_max < count <= self.quantized_max
+        if not quantized and count > self.max_vectors:
             return None
         kind = _QuantBlock if quantized else _Block
         limit = self.quantized_max if quantized else self.max_vectors
