@@ -372,17 +372,22 @@ def test_reads_do_not_wait_for_a_write(config):
         assert eng.store.read("SELECT count(*) FROM memories") == [(1,)] and not eng.store._readers
 
 
-def test_write_cache_follows_the_setting(config):
-    """The write connection's page cache is write_cache_mib (a bulk import's dirty pages stay in it rather than
-    spilling to the WAL mid-transaction); the pooled readers keep SQLite's default; an import larger than a small
-    cache still lands whole."""
+def test_bulk_writes_get_the_write_cache(config, monkeypatch):
+    """Imports write with the write connection's page cache at write_cache_mib (their dirty pages stay in it rather than
+    spilling to the WAL mid-transaction), then it is SQLite's default again, so reads through that connection (the
+    vector index's loads) do not fill it for good; saves and the pooled readers keep the default; an import larger
+    than a small cache still lands whole."""
     for mib in (2, 64):
         cfg = config.model_copy(update={"write_cache_mib": mib, "memory_db_path": config.memory_db_path.with_name(f"cache{mib}.db")})
         with MemoryEngine(cfg, embedder=HashEmbedder()) as eng:
-            assert eng.store.conn.execute("PRAGMA cache_size").fetchone()[0] == -mib * 1024
-            assert pragma(eng.store, "cache_size") == -2000  # a pooled reader
+            size = lambda: eng.store.conn.execute("PRAGMA cache_size").fetchone()[0]  # noqa: E731
+            seen, write = [], eng._write
+            monkeypatch.setattr(eng, "_write", lambda *a, **k: (seen.append(size()), write(*a, **k))[1])
+            assert size() == -2000 and pragma(eng.store, "cache_size") == -2000  # a pooled reader
             with eng.index.write():  # one transaction of three batches, as a file import writes them
                 for start in (0, 1000, 2000):
                     eng.import_memories([{"content": f"note {i} " + "word " * 200} for i in range(start, start + 1000)], session_id="s")
-            assert eng.store.read("SELECT count(*), count(DISTINCT content) FROM memories") == [(3000, 3000)]
-            assert eng.store.read("SELECT count(*) FROM memory_vectors") == [(3000,)]
+            eng.save(["a small save"], session_id="s")
+            assert seen == [-mib * 1024] * 3 + [-2000] and size() == -2000
+            assert eng.store.read("SELECT count(*), count(DISTINCT content) FROM memories") == [(3001, 3001)]
+            assert eng.store.read("SELECT count(*) FROM memory_vectors") == [(3001,)]

@@ -182,8 +182,8 @@ class TinyContextConfig(BaseModel):
     # Read-only connections recall and other reads use at once (WAL: they do not wait for each other or
     # for a write); 0: reads share the write connection.
     read_connections: int = Field(4, ge=0, le=64)
-    # Page cache of the write connection, MiB: a bulk import or a big save keeps its dirty pages here instead of
-    # spilling them to the WAL mid-transaction (notes/bench_scale.md, session 19). Filled only as pages are used.
+    # Page cache of the write connection during an import or a reindex, MiB: their dirty pages stay here instead of
+    # spilling to the WAL mid-transaction (notes/bench_scale.md, session 19); SQLite's 2 MB default otherwise.
     write_cache_mib: int = Field(64, ge=2, le=4096)
     # SSRF guard: let web fetches reach loopback/private/link-local hosts (local test servers, intranets).
     allow_private_hosts: bool = False

@@ -134,7 +134,9 @@ class MemoryEngine:
         vector when its size fits this embedder (else the text is embedded again)."""
         with telemetry.operation("import") as op:
             items, stored = self.check_import(memories)
-            return _saved(op, self._write(items, check_session(session_id) or DEFAULT_SESSION, None, stored), len(items), self.search_mode)
+            with self.store.bulk():
+                written = self._write(items, check_session(session_id) or DEFAULT_SESSION, None, stored)
+            return _saved(op, written, len(items), self.search_mode)
 
     def check_import(self, memories: Sequence[StoredMemory | dict]) -> tuple[list[MemoryInput], list[StoredMemory]]:
         """What :meth:`import_memories` checks before writing, without writing: an importer checks a

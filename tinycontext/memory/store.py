@@ -108,15 +108,14 @@ class Store:
                                    "volume or mount?): point memory_db_path (TINYCONTEXT_MEMORY_DB_PATH) at a writable place.") from exc
             raise StorageError(f"Cannot open database {path}: {exc}. Check the path and its permissions.") from exc
         self.lock = threading.RLock()
+        self._bulk_cache_kib = int(write_cache_mib) * 1024
+        self._bulk_depth = 0  # bulk() calls in progress, on any thread
         try:
             self._load_sqlite_vec(self.conn)
             self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             self.conn.execute("PRAGMA journal_mode = WAL")
             self.conn.execute("PRAGMA synchronous = NORMAL")
             self.conn.execute("PRAGMA foreign_keys = ON")
-            # SQLite's 2 MB default spills a bulk write's dirty pages to the WAL mid-transaction and reads them back
-            # (notes/bench_scale.md, session 19); pages are allocated as used, so a process that writes little holds little.
-            self.conn.execute(f"PRAGMA cache_size = -{int(write_cache_mib) * 1024}")
             self.migrate(target_version)
         except self.driver.Error as exc:  # e.g. the path holds something that is not a database
             self.conn.close()
@@ -210,6 +209,26 @@ class Store:
                 raise
             finally:
                 self._writing.active = False
+
+    @contextmanager
+    def bulk(self) -> Iterator[None]:
+        """Big writes (an import, a reindex) with the write connection's page cache at ``write_cache_mib``: SQLite's 2 MB
+        default spills their dirty pages to the WAL mid-transaction and reads them back (notes/bench_scale.md, session
+        19). Set back when the last one ends, so the cache does not keep what reads through this connection bring in
+        (the vector index's loads) for the life of the process. The lock is held only to switch it: a bulk write may
+        embed for a while before it writes."""
+        with self.lock:
+            if not self._bulk_depth:
+                self._small_cache = self.conn.execute("PRAGMA cache_size").fetchone()[0]
+                self.conn.execute(f"PRAGMA cache_size = -{self._bulk_cache_kib}")
+            self._bulk_depth += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._bulk_depth -= 1
+                if not self._bulk_depth:
+                    self.conn.execute(f"PRAGMA cache_size = {int(self._small_cache)}")
 
     @property
     def writing(self) -> bool:
@@ -339,7 +358,7 @@ class Store:
         self._refuse_mismatch(stored, identity, count, reindex)
         rows = self.read(_EMBED_ROWS)
         vectors = embed_all([stored_embedding_text(*r[2:]) for r in rows]) if rows else np.zeros((0, identity["dimensions"]), np.float32)
-        with self.write() as conn:
+        with self.bulk(), self.write() as conn:
             # Another process may have bound an embedder or saved memories since the reads above
             # (two processes opening a new database at once): decide again under the write lock.
             raw = conn.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()

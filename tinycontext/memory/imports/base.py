@@ -172,7 +172,7 @@ def run(engine: MemoryEngine, items: Callable[[], Iterable], report: ImportRepor
     counts are what the import would do and the database is left as it was."""
     chunk: list[Pending] = []
     try:
-        with engine.index.write():
+        with engine.store.bulk(), engine.index.write():
             for item in items():
                 if item is IGNORED:
                     report.ignored += 1
