@@ -116,6 +116,7 @@ class Store:
             self.conn.execute("PRAGMA journal_mode = WAL")
             self.conn.execute("PRAGMA synchronous = NORMAL")
             self.conn.execute("PRAGMA foreign_keys = ON")
+            self._cache_size = self.conn.execute("PRAGMA cache_size").fetchone()[0]  # SQLite's default, outside bulk()
             self.migrate(target_version)
         except self.driver.Error as exc:  # e.g. the path holds something that is not a database
             self.conn.close()
@@ -219,7 +220,6 @@ class Store:
         embed for a while before it writes."""
         with self.lock:
             if not self._bulk_depth:
-                self._small_cache = self.conn.execute("PRAGMA cache_size").fetchone()[0]
                 self.conn.execute(f"PRAGMA cache_size = -{self._bulk_cache_kib}")
             self._bulk_depth += 1
         try:
@@ -228,7 +228,7 @@ class Store:
             with self.lock:
                 self._bulk_depth -= 1
                 if not self._bulk_depth:
-                    self.conn.execute(f"PRAGMA cache_size = {int(self._small_cache)}")
+                    self.conn.execute(f"PRAGMA cache_size = {int(self._cache_size)}")
 
     @property
     def writing(self) -> bool:
