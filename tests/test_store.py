@@ -391,3 +391,33 @@ def test_bulk_writes_get_the_write_cache(config, monkeypatch):
             assert seen == [-mib * 1024] * 3 + [-2000] and size() == -2000
             assert eng.store.read("SELECT count(*), count(DISTINCT content) FROM memories") == [(3001, 3001)]
             assert eng.store.read("SELECT count(*) FROM memory_vectors") == [(3001,)]
+
+
+def fts_segments_written(store: Store) -> int:
+    """The FTS5 structure record's write counter: segments written since the index was created (a 4-byte cookie,
+    then varints: levels, segments, write counter; fts5_index.c)."""
+    block, pos, values = store.read("SELECT block FROM memories_fts_data WHERE id = 10")[0][0], 4, []
+    while len(values) < 3:
+        value = 0
+        while True:
+            byte, pos = block[pos], pos + 1
+            value = value << 7 | byte & 0x7F
+            if byte < 0x80:
+                break
+        values.append(value)
+    return values[2]
+
+
+def test_a_save_writes_one_full_text_segment(hash_engine):
+    """The memories of one call reach the full-text index in one statement: FTS5 writes its pending terms out at every
+    statement that reaches it through the trigger, and row-by-row inserts wrote (and merged) one segment per memory.
+    The rows stored are what was saved."""
+    contents = [f"memory {i} about topic {i % 7} and word{i}" for i in range(40)]
+    ids = hash_engine.save([{"content": c, "tags": [f"t{i % 3}"], "speaker": "Ann" if i % 2 else None} for i, c in enumerate(contents)],
+                           session_id="s")["ids"]
+    assert fts_segments_written(hash_engine.store) == 1
+    hash_engine.save(["one more"], session_id="s")
+    assert fts_segments_written(hash_engine.store) == 2
+    rows = hash_engine.store.read("SELECT id, content, tags, speaker FROM memories ORDER BY id")
+    assert rows[:40] == [(i, c, json.dumps([f"t{n % 3}"]), "Ann" if n % 2 else None) for n, (i, c) in enumerate(zip(ids, contents))]
+    assert [m["id"] for m in hash_engine.recall("word17 topic", session_id="s", dense_weight=0.0)["memories"]][:1] == [ids[17]]

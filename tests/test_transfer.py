@@ -236,6 +236,7 @@ def test_keyword_only_import_from_the_cli(tmp_path, source):
     ({"session_id": 7}, "session_id must be a string"),
     ({"content": "\u3000\u200b"}, "empty content"),
     ({"metadata": {"n": float("inf")}}, "plain JSON"),
+    ({"uid": "a\u0000b"}, "uid contains a NUL character"),
 ])
 def test_a_bad_record_anywhere_imports_nothing(tmp_path, bad, match):
     """The bad record is the file's last line, after more than one write batch of good ones: the
@@ -251,6 +252,21 @@ def test_a_bad_record_anywhere_imports_nothing(tmp_path, bad, match):
                 attempt()
             assert err.value.code == "invalid_input" and f":{len(lines)}: " in err.value.message
             assert target.stats()["memories"] == 0 and target.sessions() == []
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"valid_until": "2024\u0000"}, "valid_until contains a NUL"),
+    ({"created_at": "2024\u0000"}, "created_at contains a NUL"),
+    ({"superseded_by": 2**64}, "superseded_by must be an integer from 1"),
+    ({"id": 2**63}, "id must be an integer from 1"),
+])
+def test_the_engine_refuses_what_sqlite_would_not_store_as_given(tmp_path, bad, match):
+    """import_memories (the library's bulk path) checks what an export carries as the file importer does: text
+    SQLite keeps as given, integers it holds. Nothing is stored."""
+    with _engine(tmp_path, "target") as target:
+        with pytest.raises(InvalidInputError, match=re.escape(match)):
+            target.import_memories([{"content": "fine"}, {"content": "also fine", **bad}], session_id="s")
+        assert target.stats()["memories"] == 0
 
 
 @pytest.mark.parametrize("record, match", [

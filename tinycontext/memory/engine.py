@@ -31,7 +31,7 @@ from ..retrieval.fusion import Signals
 from .candidates import CandidateSearch
 from .checks import check_id, check_int, check_query, check_session
 from .inputs import MemoryInput, StoredMemory, check_stored, validate_memories
-from .store import Store, insert_vectors, now_iso, read_memories, typed_storage_errors
+from .store import Store, insert_memories, insert_vectors, now_iso, read_memories, typed_storage_errors
 from .vector_index import VectorIndex
 
 DEFAULT_SESSION = "default"
@@ -266,10 +266,7 @@ class MemoryEngine:
                 batch_seen[digest] = mid
                 texts[mid] = item.content
                 saved.append({"index": i, "id": mid, "tokens": tokens[i], **({"supersedes": item.supersedes} if item.supersedes else {})})
-            conn.executemany(
-                "INSERT INTO memories(id, session_id, content, tags, metadata, content_hash, tokens, created_at, updated_at, version,"
-                " occurred_at, speaker, attachments, context, episode_id, expires_at, uid, valid_from, valid_until, superseded_by)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            insert_memories(conn, rows)
             # The old fact keeps its text and history; it now ends where the new one starts.
             conn.executemany("UPDATE memories SET valid_until = ?, superseded_by = ? WHERE id = ?", supersede)
             conn.executemany("INSERT OR REPLACE INTO memory_versions(memory_id, version, content, tags, metadata, created_at, superseded_at)"

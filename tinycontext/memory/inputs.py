@@ -132,6 +132,13 @@ def check_stored(memories: Sequence[StoredMemory | dict], config: TinyContextCon
         raise InvalidInputError(f"memories are malformed: {exc}".splitlines()[0]) from exc
     items = validate_memories(stored, config)  # a StoredMemory is a MemoryInput: checked as saved memories are
     for i, m in enumerate(stored):
+        # What is stored as given: SQLite text without NULs or lone surrogates, integers SQLite holds.
+        for name in ("uid", "created_at", "updated_at", "valid_until"):
+            if getattr(m, name) is not None:
+                clean_text(getattr(m, name), f"memories[{i}].{name}")
+        for name in ("id", "version", "superseded_by"):
+            if getattr(m, name) is not None:
+                check_int(getattr(m, name), f"memories[{i}].{name}", 1, 2**63 - 1)
         for old in m.history:
             if not {"version", "content", "created_at", "superseded_at"} <= old.keys():
                 raise InvalidInputError(f"memories[{i}].history entries need version, content, created_at and superseded_at.", index=i)

@@ -36,6 +36,24 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
+INSERTED_COLUMNS = ("id", "session_id", "content", "tags", "metadata", "content_hash", "tokens", "created_at", "updated_at", "version",
+                    "occurred_at", "speaker", "attachments", "context", "episode_id", "expires_at", "uid", "valid_from", "valid_until",
+                    "superseded_by")
+# The rows travel as one JSON array of arrays: text (no NULs: the engine refuses them), integers and nulls, which JSON
+# carries exactly.
+_INSERT_MEMORIES = (f"INSERT INTO memories({', '.join(INSERTED_COLUMNS)}) SELECT "
+                    + ", ".join(f"value ->> {i}" for i in range(len(INSERTED_COLUMNS))) + " FROM json_each(?)")
+
+
+def insert_memories(conn, rows: list[tuple]) -> None:
+    """Store new memories (tuples in INSERTED_COLUMNS' order) inside the caller's write transaction, in one statement:
+    FTS5 writes its pending terms out as a segment at each statement that reaches it through the insert trigger, so
+    row-by-row inserts wrote (and merged) one segment per memory, 2.3x the time of the whole insert
+    (notes/bench_scale.md, session 20)."""
+    if rows:
+        conn.execute(_INSERT_MEMORIES, (json.dumps(rows, ensure_ascii=False),))
+
+
 def insert_vectors(conn, ids, sessions, vectors: np.ndarray) -> codes.Coded | None:
     """Store new memories' vectors (``sessions``: one per id, or one for all) and their codes, inside
     the caller's write transaction: the one way vectors are added, so the codes always follow.
