@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, HashEmbedder
 
 from tinycontext import MemoryEngine, TinyContextConfig
-from tinycontext.memory import codes, vector_index
+from tinycontext.memory import codes, float_block, vector_index
 from tinycontext.memory.transfer import export_jsonl, import_jsonl
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike",
@@ -323,6 +323,39 @@ def test_exact_max_splits_float_and_two_stage_sessions(filled, monkeypatch):
         with MemoryEngine(_config(filled, **update), embedder=SpreadEmbedder()) as eng:
             _same(eng.candidate_search.dense("kilo", "b", [], 10), _oracle(eng, "kilo", "b", [], 10))
             assert eng.index.size == 150 and eng.index.quantized_size == 0
+
+
+def test_half_precision_ranking_gives_the_float_top_k(tmp_path, monkeypatch):
+    """Float blocks of HALF_MIN rows or more rank from their fp16 copy and rescore the rows near the k-th: the same
+    top k as the float scan, through appends, edits and deletes, and with exact ties (duplicate vectors: by id)."""
+    monkeypatch.setattr(float_block, "HALF_MIN", 64)
+    with MemoryEngine(_config(tmp_path / "m.db"), embedder=SpreadEmbedder()) as eng:
+        _fill(eng, 120)
+        eng.save(["a 0 " + " ".join(WORDS[:6])] * 1 + ["twin " + w for w in WORDS], session_id="a")
+        for query in ("alpha bravo", "zulu tango lima", "twin kilo"):
+            for session in ("a", None):
+                for depth in (1, 10, 30):
+                    _same(eng.candidate_search.dense(query, session, [], depth), _oracle(eng, query, session, [], depth))
+        block = eng.index._blocks["a"]
+        assert block._half is not None and block._half.ntotal == block.n
+        eng.save(["a later memory about oscar"], session_id="a")
+        ids = [m for m, _ in eng.candidate_search.dense("oscar", "a", [], 20)]
+        assert block._half.ntotal == block.n  # extended, not rebuilt
+        eng.update(ids[3], "papa papa papa")
+        eng.delete(ids[0])
+        for query in ("papa papa papa", "oscar", "alpha"):
+            _same(eng.candidate_search.dense(query, "a", [], 25), _oracle(eng, query, "a", [], 25))
+    # 60 rows tie for the query's top 12; 60 more whose cosines differ by less than fp16 rounding, which orders them
+    # differently from float32: only the rescored border gets their top 12 right.
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal(32).astype(np.float32)
+    table = {f"t{i}": np.eye(32, dtype=np.float32)[i % 2] for i in range(60)}
+    table |= {f"c{i}": base + 3e-4 * np.abs(base).mean() * rng.standard_normal(32).astype(np.float32) for i in range(60)}
+    table |= {"q": np.eye(32, dtype=np.float32)[1], "near": base + rng.standard_normal(32).astype(np.float32)}
+    with MemoryEngine(_config(tmp_path / "ties.db"), embedder=TableEmbedder(table)) as eng:
+        eng.import_memories([{"content": text} for text in table if text not in ("q", "near")], session_id="s")
+        for query in ("q", "near"):
+            _same(eng.candidate_search.dense(query, "s", [], 12), _oracle(eng, query, "s", [], 12))
 
 
 def test_quantized_session_follows_writes(tmp_path):

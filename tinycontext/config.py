@@ -165,7 +165,8 @@ class TinyContextConfig(BaseModel):
     max_content_chars: int = Field(100_000, ge=1)
     max_batch_size: int = Field(1000, ge=1)
     # Float32 vectors held in RAM for exact dense search: sessions up to vector_exact_max, and every session's for
-    # searches across all of them (0: always query sqlite-vec).
+    # searches across all of them (0: always query sqlite-vec). Sessions of 4,096 or more also keep a float16 copy
+    # (+50 % RAM) that ranks them first; the rows that can reach the top are rescored, so results stay exact.
     vector_cache_max: int = Field(200_000, ge=0)
     # Sessions up to this many vectors are searched exactly over their float32 rows; larger ones in two stages (below),
     # whose cost hardly grows with the session while a float scan's grows with every row (notes/bench_scale.md,

@@ -4,7 +4,9 @@ sqlite-vec's vec0 table ``memory_vectors`` stays the store of record, but its KN
 vector of the partition row by row: 11-55 ms at 10k vectors, ~300 ms at 100k, against under 1 ms
 for one BLAS matrix-vector product over the same float32 rows (notes/bench_engine.md). So the engine
 keeps one matrix per session, loaded lazily from ``memory_vectors``, and searches it exhaustively:
-results are the ones vec0 gives, only faster.
+results are the ones vec0 gives, only faster. Blocks of HALF_MIN rows or more also keep a float16 copy
+(half the bytes to stream, +50 % of the block's RAM) that ranks the rows first; the rows that can be
+in the top k by its error bound are rescored from the float32 ones.
 
 The copy stays exact:
 
@@ -49,6 +51,7 @@ from threadpoolctl import ThreadpoolController
 
 from . import codes
 from .codes import unit as _unit
+from .float_block import FloatBlock, one_faiss_thread
 from .store import Store, vector_blobs
 
 # faiss scans codes of these sizes (bytes) with unrolled popcounts, others with a generic loop that is ~2x slower
@@ -93,50 +96,6 @@ _BLAS_LOCK = threading.Lock()  # limit() sets a process-wide value and restores 
 def _one_blas_thread() -> Iterator[None]:
     with _BLAS_LOCK, _BLAS.limit(limits=1):
         yield
-
-
-class _Block:
-    """One session's vectors: ids and unit rows, with spare capacity so appends do not copy."""
-
-    def __init__(self, expected: int = 0):
-        self.n = 0
-        self._expected = expected  # rows about to be loaded: allocated at once
-        self._ids = np.zeros(0, np.int64)
-        self._rows = np.zeros((0, 0), np.float32)
-
-    @property
-    def ids(self) -> np.ndarray:
-        return self._ids[: self.n]
-
-    @property
-    def rows(self) -> np.ndarray:
-        return self._rows[: self.n]
-
-    def append(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        need = self.n + len(ids)
-        if need > len(self._ids):
-            capacity = max(need, self.n + self.n // 4, self._expected, 64)
-            grown = np.zeros((capacity, rows.shape[1]), np.float32)
-            if self.n:
-                grown[: self.n] = self.rows
-            self._rows = grown
-            self._ids = np.concatenate([self.ids, np.zeros(capacity - self.n, np.int64)])
-        self._ids[self.n:need] = ids
-        self._rows[self.n:need] = rows
-        self.n = need
-
-    def take(self, ids: np.ndarray, coded: codes.Coded) -> None:
-        self.append(ids, coded.rows)
-
-    def replace(self, memory_id: int, coded: codes.Coded) -> None:
-        self._rows[np.flatnonzero(self.ids == memory_id)] = coded.rows[0]
-
-    def remove(self, memory_id: int) -> None:
-        # Order does not matter (search sorts), so the last row fills the hole: O(dimensions).
-        for i in np.flatnonzero(self.ids == memory_id)[::-1]:
-            last = self.n - 1
-            self._ids[i], self._rows[i] = self._ids[last], self._rows[last]
-            self.n = last
 
 
 class _QuantBlock:
@@ -214,7 +173,7 @@ class _QuantBlock:
         positions = np.full((1, depth), -1, np.int64)
         q_bits = np.ascontiguousarray(_scan_width(codes.sign_bits(query[None, :], self.centre)))
         bits = self._bits[: self.n]
-        _one_faiss_thread()
+        one_faiss_thread()
         # Counting (histogram of distances, then one pass to collect) rather than a k-heap: 4,000 of ~1M rows
         # kept make the heap's inserts most of the scan (hammings_knn_hc: 4.7 vs 2.9 ms CPU at 1M, the same rows).
         faiss.hammings_knn_mc(faiss.swig_ptr(q_bits), faiss.swig_ptr(bits), 1, self.n, depth, bits.shape[1],
@@ -299,13 +258,6 @@ def recheck_depth(count: int) -> int:
     return max(RECHECK_MIN, RECHECK_PER_HIT * count)
 
 
-def _one_faiss_thread() -> None:
-    # faiss's OpenMP workers spin between calls like OpenBLAS's (see _one_blas_thread); one query is
-    # one pass over the bits, bound by memory bandwidth.
-    if faiss.omp_get_max_threads() != 1:
-        faiss.omp_set_num_threads(1)
-
-
 class VectorIndex:
     """In-RAM per-session copy of ``memory_vectors`` for exact cosine search.
 
@@ -320,7 +272,7 @@ class VectorIndex:
         self.exact_max = max_vectors if exact_max is None else min(exact_max, max_vectors)
         self.quantized_max = quantized_max
         self.codes_max = codes_max
-        self._blocks: OrderedDict[str, _Block] = OrderedDict()  # least recently used first
+        self._blocks: OrderedDict[str, FloatBlock] = OrderedDict()  # least recently used first
         self._complete = False  # every session is loaded (recall across all sessions)
         self._stamp: tuple[int, int] | None = None
         self._pending: list[Callable[[], None]] | None = None
@@ -394,7 +346,7 @@ class VectorIndex:
         if block is None:
             if not self._complete:  # not loaded: it will be read from the table, new rows included
                 return
-            block = self._blocks[session] = _Block()
+            block = self._blocks[session] = FloatBlock()
         if isinstance(block, _QuantBlock):
             limit, size = self.quantized_max, self.quantized_size
         else:
@@ -405,14 +357,14 @@ class VectorIndex:
             return
         block.take(ids, coded)
 
-    def _edit(self, session: str, change: Callable[[_Block], None]) -> None:
+    def _edit(self, session: str, change: Callable[[FloatBlock], None]) -> None:
         block = self._blocks.get(session)
         if block is not None:
             change(block)
 
     # -- loading --------------------------------------------------------------------------------
 
-    def _session(self, session: str) -> _Block | _QuantBlock | None:
+    def _session(self, session: str) -> FloatBlock | _QuantBlock | None:
         block = self._blocks.get(session)
         if block is not None:
             self._blocks.move_to_end(session)
@@ -421,7 +373,7 @@ class VectorIndex:
         quantized = self.exact_max < count <= self.quantized_max
         if not quantized and count > self.max_vectors:
             return None
-        kind = _QuantBlock if quantized else _Block
+        kind = _QuantBlock if quantized else FloatBlock
         limit = self.quantized_max if quantized else self.max_vectors
         held = lambda: self.quantized_size if quantized else self.size  # noqa: E731
         while held() + count > limit:  # evict the least recently used blocks of the same kind
@@ -432,7 +384,7 @@ class VectorIndex:
         if quantized:
             block = self._read_bits(session, expected=count + count // 8, with_codes=count <= self.codes_max)
         else:
-            block = self._read(" WHERE session_id = ?", (session,), lambda _: session, expected=count + count // 8).get(session) or _Block()
+            block = self._read(" WHERE session_id = ?", (session,), lambda _: session, expected=count + count // 8).get(session) or FloatBlock()
         self._blocks[session] = block
         return block
 
@@ -452,7 +404,7 @@ class VectorIndex:
             block.append_bits(np.array([r[0] for r in rows], np.int64), bits, packed)
         return block
 
-    def _all(self) -> list[_Block] | None:
+    def _all(self) -> list[FloatBlock] | None:
         if not self._complete:
             count = self.store.conn.execute("SELECT count(*) FROM memories").fetchone()[0]
             if count > self.max_vectors:
@@ -464,11 +416,11 @@ class VectorIndex:
             self._complete = True
         return list(self._blocks.values())
 
-    def _read(self, where: str, params: tuple, session_of: Callable[[int], str | None], expected: int = 0) -> dict[str, _Block]:
+    def _read(self, where: str, params: tuple, session_of: Callable[[int], str | None], expected: int = 0) -> dict[str, FloatBlock]:
         """Blocks per session from ``memory_vectors``, fetched in slices so the raw rows never
         take more memory than one slice."""
         cursor = self.store.conn.execute("SELECT memory_id, embedding FROM memory_vectors" + where, params)
-        blocks: dict[str, _Block] = {}
+        blocks: dict[str, FloatBlock] = {}
         while rows := cursor.fetchmany(LOAD_SLICE):
             groups: dict[str, tuple[list, list]] = {}
             for memory_id, blob in rows:
@@ -480,7 +432,7 @@ class VectorIndex:
                 blobs.append(blob)
             for session, (ids, blobs) in groups.items():
                 vectors = np.frombuffer(b"".join(blobs), np.float32).reshape(len(blobs), -1)
-                blocks.setdefault(session, _Block(expected)).append(np.asarray(ids, np.int64), _unit(vectors))
+                blocks.setdefault(session, FloatBlock(expected)).append(np.asarray(ids, np.int64), _unit(vectors))
         return blocks
 
     # -- queries --------------------------------------------------------------------------------
@@ -505,9 +457,11 @@ class VectorIndex:
             if len(blocks) == 1 and isinstance(blocks[0], _QuantBlock):
                 quantized = blocks[0]
             else:
-                ids = np.concatenate([b.ids for b in blocks] or [np.zeros(0, np.int64)])
                 with _one_blas_thread():
-                    scores = np.concatenate([b.rows @ q for b in blocks] or [np.zeros(0, np.float32)])
+                    # Filtered: every row scored, the top k is taken among the allowed ones below.
+                    scored = [(b.ids, b.rows @ q) if allowed is not None else b.scores(q, min(k, b.n)) for b in blocks]
+                ids = np.concatenate([i for i, _ in scored] or [np.zeros(0, np.int64)])
+                scores = np.concatenate([v for _, v in scored] or [np.zeros(0, np.float32)])
         if quantized is not None:
             # Outside the store lock, which the BM25 search running beside this one and every other read and
             # write of the process take: the scan holds only the lock the copy's edits take, the reads a
@@ -537,7 +491,7 @@ class VectorIndex:
             if self.max_vectors > 0:
                 self.sync()
                 for block in self._blocks.values():
-                    if isinstance(block, _Block) and block.n and len(out) < len(wanted):
+                    if isinstance(block, FloatBlock) and block.n and len(out) < len(wanted):
                         at = np.flatnonzero(np.isin(block.ids, wanted))
                         out.update(zip(block.ids[at].tolist(), block.rows[at]))
             rest = [i for i in wanted.tolist() if i not in out]
