@@ -299,6 +299,11 @@ class Window(Sequence):
             self._read(min(len(self), max(stop, len(self._rows) + self.CHUNK)))
         return self._rows[index]
 
+    def load(self, stop: int) -> None:
+        """Read the rows up to ``stop`` now, and no more (a caller that knows which positions it shows)."""
+        if stop > len(self._rows):
+            self._read(min(len(self), stop))
+
     def brief(self, position: int) -> dict:
         """The id, rank and scores at ``position``, without reading its row."""
         c = self._page[position]
@@ -356,6 +361,7 @@ def recall(engine, query: str, *, max_tokens: int | None = None, ranking: int = 
 
         def fit():
             chosen, skipped, stop = fit_budget(window.tokens, max_tokens, top_k)
+            window.load(chosen[-1] + 1 if chosen else 0)
             return [window[p] for p in chosen], skipped, stop
 
         memories, skipped, stop = fitted(fit)
