@@ -345,12 +345,13 @@ def test_half_precision_ranking_gives_the_float_top_k(tmp_path, monkeypatch):
         eng.delete(ids[0])
         for query in ("papa papa papa", "oscar", "alpha"):
             _same(eng.candidate_search.dense(query, "a", [], 25), _oracle(eng, query, "a", [], 25))
-    # 60 rows tie for the query's top 12; 60 more whose cosines differ by less than fp16 rounding, which orders them
-    # differently from float32: only the rescored border gets their top 12 right.
+    # 60 rows tie for the query's top 12; 160 more whose cosines differ by less than fp16 rounding, which orders them
+    # differently from float32 (and puts more of them near the 12th than the first fp16 depth, k + 64, holds): only the
+    # rescored border, searched deeper, gets their top 12 right.
     rng = np.random.default_rng(5)
     base = rng.standard_normal(32).astype(np.float32)
     table = {f"t{i}": np.eye(32, dtype=np.float32)[i % 2] for i in range(60)}
-    table |= {f"c{i}": base + 3e-4 * np.abs(base).mean() * rng.standard_normal(32).astype(np.float32) for i in range(60)}
+    table |= {f"c{i}": base + 3e-4 * np.abs(base).mean() * rng.standard_normal(32).astype(np.float32) for i in range(160)}
     table |= {"q": np.eye(32, dtype=np.float32)[1], "near": base + rng.standard_normal(32).astype(np.float32)}
     with MemoryEngine(_config(tmp_path / "ties.db"), embedder=TableEmbedder(table)) as eng:
         eng.import_memories([{"content": text} for text in table if text not in ("q", "near")], session_id="s")
