@@ -73,7 +73,7 @@ class FloatBlock:
     def scores(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, float cosines) of rows that hold this block's k best for unit ``q``: every row (small blocks), or the
         fp16 copy's best rows with those within 2 x HALF_ERROR of its k-th, rescored."""
-        if self.n < HALF_MIN or not 0 < 4 * k <= self.n:
+        if self.n < HALF_MIN or not 0 < 4 * k <= self.n:  # a small block, or a k deep enough to rescore most of it
             return self.ids, self.rows @ q
         if self._half is None:
             self._half = faiss.IndexScalarQuantizer(self._rows.shape[1], faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
@@ -82,11 +82,10 @@ class FloatBlock:
         one_faiss_thread()
         depth = min(self.n, k + 64)
         while True:
-            found, rows = self._half.search(q[None], depth)
-            found, rows = found[0], rows[0]
+            found, positions = (a[0] for a in self._half.search(q[None], depth))
             cut = found[k - 1] - 2 * HALF_ERROR
             if found[-1] < cut or depth == self.n:  # past the depth every fp16 score is below the cut
                 break
             depth = min(self.n, 4 * depth)
-        rows = np.sort(rows[found >= cut])
-        return self._ids[rows], self._rows[rows] @ q
+        positions = np.sort(positions[found >= cut])
+        return self._ids[positions], self._rows[positions] @ q
