@@ -27,8 +27,8 @@ def _turns(shared_dir) -> tuple[list[str], list[str]]:
     return turns, [q["question"] for q in data[0]["qa"]][:60]
 
 
-def _engine(tmp_path, turns: list[str], sessions: int = 1) -> MemoryEngine:
-    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", recall_fts_budget=60)
+def _engine(tmp_path, turns: list[str], sessions: int = 1, budget: int = 60) -> MemoryEngine:
+    config = TinyContextConfig(memory_db_path=tmp_path / "m.db", models_dir=tmp_path / "models", recall_fts_budget=budget)
     engine = MemoryEngine(config, embedder=HashEmbedder())
     step = -(-len(turns) // sessions)
     for s in range(sessions):
@@ -115,6 +115,19 @@ def test_snapshot_scores_are_fts5s_after_saves_updates_and_deletes(tmp_path, sha
         engine.store.optimize()  # rows changed: rebuilt, the changes start over
         assert engine.stats()["bm25_postings"]["changes"] == 0
         assert _same(engine, questions) > 60
+
+
+def test_below_the_budget_the_whole_query_is_scored_from_the_snapshot(tmp_path, shared_dir):
+    """A store whose rows fit the budget searches the whole OR query (no word set aside): from the snapshot too, with
+    FTS5's ids and floats, one-word queries included, before and after changes since the build."""
+    turns, questions = _turns(shared_dir)
+    with _engine(tmp_path, turns[:300], budget=10**6) as engine:
+        engine.store.optimize(build_postings=True)
+        words = ["caroline", "adoption", "painting"]
+        assert _same(engine, questions + words) == 2 * (len(questions) + len(words))  # every search, both depths
+        engine.save(turns[300:], session_id="s0")
+        engine.update(5, content=turns[-1])
+        assert _same(engine, questions + words) == 2 * (len(questions) + len(words))
 
 
 def test_union_and_best_are_numpys():

@@ -138,8 +138,9 @@ class CandidateSearch:
         # (notes/design_figures.md) instead of once, checking each hit's id.
         where_sql, filter_params = filter_sql(tags, filters, "+" + id_column)
         hits: list[tuple[int, float]] = []
-        if aside is not None and session is None and not where_sql and not short:
-            # Past the budget, with no join or filter: the same list scored from the postings snapshot (None: FTS5).
+        if match is not None and session is None and not where_sql and not short:
+            # With no join or filter: the same list scored from the postings snapshot (None: FTS5), the whole query
+            # or, past the budget, the bounded one. Cheaper than FTS5's scoring from a few thousand memories on.
             found = self.postings.bounded_scores(expression_terms(match), expression_terms(aside), depth, span)
             if found is not None:
                 return found

@@ -36,9 +36,9 @@ from .language import _TOKENIZE
 K1, B = 1.2, 0.75
 # bm25's column weights for memories_fts (content, tags, context): tags count half.
 BM25_WEIGHTS = (1.0, 0.5, 1.0)
-# Store.optimize builds a snapshot from this many memories: every optimize (an import's too) pays the build, and
-# what it saves a search grows with the store (notes/bench_scale.md, session 19).
-MIN_MEMORIES = 50_000
+# Store.optimize builds a snapshot from this many memories: every optimize (an import's too) pays the build (~0.1 ms
+# a memory), and what it saves a search grows with the store (notes/bench_scale.md, sessions 19 and 21).
+MIN_MEMORIES = 5_000
 # Rows changed since the build past which searches use FTS5 again until the next build: each changed row is
 # copied (tokenised) once into the in-memory index, and every search masks them out of the snapshot's lists.
 MAX_CHANGES = 10_000
