@@ -17,6 +17,7 @@ from tinycontext.errors import StorageError
 from tinycontext.memory import store as store_module
 from tinycontext.memory.imports import base
 from tinycontext.memory.transfer import export_jsonl, import_jsonl
+from tinycontext.retrieval import postings
 
 WORDS = ["deploy", "billing", "postgres", "standup", "release", "invoice", "cache", "queue"]
 QUERIES = ["deploy billing", "postgres cache queue", "release invoice", "standup"]
@@ -94,6 +95,21 @@ def test_a_big_import_ends_optimized_and_a_small_one_does_not(tmp_path, monkeypa
             assert target.index.size == 80
 
 
+def test_a_big_import_builds_the_postings_snapshot_only_from_its_own_size(tmp_path, monkeypatch):
+    """`optimize` builds the BM25 postings snapshot from postings.MIN_MEMORIES; an import's own optimize, which runs
+    inside the import call, only from postings.IMPORT_MIN_MEMORIES."""
+    exported = _export(tmp_path)
+    monkeypatch.setattr(base, "OPTIMIZE_AFTER", 20)
+    monkeypatch.setattr(postings, "MIN_MEMORIES", 10)
+    for name, import_min, built in (("below.db", 81, False), ("at.db", 80, True)):
+        monkeypatch.setattr(postings, "IMPORT_MIN_MEMORIES", import_min)
+        with _engine(tmp_path, name) as target:
+            _fill(target)
+            assert import_jsonl(target, io.StringIO(exported)).imported == 20
+            assert target.store.fts_segments() == 1 and (target.stats()["bm25_postings"] is not None) is built
+            assert target.store.optimize()["postings"]["memories"] == 80  # asked for: from MIN_MEMORIES
+
+
 def test_an_import_inside_a_callers_transaction_is_not_merged_there(tmp_path, monkeypatch):
     exported = _export(tmp_path)
     monkeypatch.setattr(base, "OPTIMIZE_AFTER", 20)
@@ -111,7 +127,7 @@ def test_a_failed_merge_after_an_import_keeps_the_import(tmp_path, monkeypatch, 
     with _engine(tmp_path, "t.db") as target:
         _fill(target)
 
-        def locked():
+        def locked(**_):
             raise StorageError("Database t.db: database is locked")
 
         monkeypatch.setattr(target.store, "optimize", locked)

@@ -478,7 +478,7 @@ class Store:
         tables = [r[0] for r in self.read("SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE % USING fts5%'")]
         return {table: self.read(f"SELECT count(DISTINCT segid) FROM {table}_idx")[0][0] for table in tables}
 
-    def optimize(self, build_postings: bool | None = None) -> dict:
+    def optimize(self, build_postings: bool | None = None, postings_from: int | None = None) -> dict:
         """Merge each full-text index into one segment (fewer lists to read per word; the same rows and
         scores), and (re)build the BM25 postings snapshot (:mod:`tinycontext.retrieval.postings`), in one
         write transaction: a concurrent reader sees the index before or after, never half of it. Indexes
@@ -486,11 +486,12 @@ class Store:
         snapshot is current, nothing is written, so copies keyed on :meth:`stamp` stay valid. Inside this
         thread's write transaction the rows it wrote are not in a segment yet: every index is merged.
         ``build_postings``: None builds the snapshot when one exists and rows changed since, or when there
-        is none and the store holds ``postings.MIN_MEMORIES``; True / False always / never."""
+        is none and the store holds ``postings_from`` memories (None: ``postings.MIN_MEMORIES``); True / False
+        always / never."""
         with self.lock:  # the counts and the merge see the same index: no write of this process in between
             before = self._segments()
             merge = [table for table, segments in before.items() if segments > 1 or self.writing]
-            rebuild = postings.wanted(self.conn) if build_postings is None else build_postings
+            rebuild = postings.wanted(self.conn, postings_from) if build_postings is None else build_postings
             if merge or rebuild:
                 with self.write() as conn:
                     for table in merge:

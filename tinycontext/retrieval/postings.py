@@ -36,9 +36,11 @@ from .language import _TOKENIZE
 K1, B = 1.2, 0.75
 # bm25's column weights for memories_fts (content, tags, context): tags count half.
 BM25_WEIGHTS = (1.0, 0.5, 1.0)
-# Store.optimize builds a snapshot from this many memories: every optimize (an import's too) pays the build (~0.1 ms
-# a memory), and what it saves a search grows with the store (notes/bench_scale.md, sessions 19 and 21).
+# Store.optimize builds a snapshot from this many memories: it pays the build (~0.1 ms a memory), and what it saves a
+# search grows with the store (notes/bench_scale.md, sessions 19 and 21). An import's own optimize builds one from
+# IMPORT_MIN_MEMORIES: there the build runs inside the user's import call and would double a 10k-20k import's time.
 MIN_MEMORIES = 5_000
+IMPORT_MIN_MEMORIES = 50_000
 # Rows changed since the build past which searches use FTS5 again until the next build: each changed row is
 # copied (tokenised) once into the in-memory index, and every search masks them out of the snapshot's lists.
 MAX_CHANGES = 10_000
@@ -107,14 +109,14 @@ def _tokenize(conn) -> str:
     return _TOKENIZE.search(conn.execute("SELECT sql FROM sqlite_master WHERE name = 'memories_fts'").fetchone()[0]).group(1)
 
 
-def wanted(conn) -> bool:
+def wanted(conn, min_memories: int | None = None) -> bool:
     """Whether optimize should (re)build the snapshot: rows changed since the one there is or another tokenizer
-    since (a snapshot of the old tokens is never used), or none yet on a store of MIN_MEMORIES searched by words
-    (not trigrams)."""
+    since (a snapshot of the old tokens is never used), or none yet on a store of ``min_memories`` (None:
+    MIN_MEMORIES) searched by words (not trigrams)."""
     if exists(conn):
         return changes(conn) > 0 or conn.execute("SELECT tokenize FROM memory_postings_meta").fetchone()[0] != _tokenize(conn)
     spec = _tokenize(conn)
-    return "trigram" not in spec and conn.execute("SELECT count(*) FROM memories").fetchone()[0] >= MIN_MEMORIES
+    return "trigram" not in spec and conn.execute("SELECT count(*) FROM memories").fetchone()[0] >= (MIN_MEMORIES if min_memories is None else min_memories)
 
 
 def _weighted(columns: list[str], weights: tuple[float, ...]) -> dict[str, int]:

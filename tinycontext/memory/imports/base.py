@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Iterator
 from ..checks import check_session
 from ..engine import MemoryEngine
 from ...errors import InvalidInputError, StorageError
+from ...retrieval import postings
 from ...retrieval.filters import parse_time
 
 CHUNK = 256  # memories per engine call on import: bounded memory, one transaction for the whole file
@@ -207,7 +208,7 @@ def _optimize(engine: MemoryEngine, report: ImportReport) -> None:
         return
     try:
         with engine.index.write():  # the merge changes no vector: the in-RAM copy the import kept stays current
-            engine.store.optimize()
+            engine.store.optimize(postings_from=postings.IMPORT_MIN_MEMORIES)
     except StorageError as exc:  # e.g. another writer held the lock past the timeout
         log.warning("Imported %d memories; merging the full-text index afterwards failed (%s). Searches are unaffected; "
                     "`tinycontext optimize` merges it later.", report.imported, exc)
