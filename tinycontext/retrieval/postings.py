@@ -1,9 +1,10 @@
-"""A postings snapshot of the full-text index, for the bounded BM25 scored with numpy (issue 25).
+"""A postings snapshot of the full-text index, for keyword search (BM25) scored with numpy (issue 25).
 
 At 1M memories FTS5's bm25 is the floor of the bounded search (notes/bench_scale.md, sessions 16-17): it scores
 every row holding a kept word, and walks each set-aside word's whole row list for its IDF on every statement. The
 same ranking computed with numpy from each word's postings (row ids and column-weighted frequencies) gives FTS5's
-list exactly, floats included, at several times less CPU.
+list exactly, floats included, at several times less CPU; so does a query below the budget (no word set aside),
+which it scores whole (from ~5k memories cheaper than FTS5's, notes/bench_scale.md, session 21).
 
 The snapshot is derived data, built from FTS5's own index (so FTS5 stays the source of the tokens) by
 :func:`build` in one write transaction (``Store.optimize``: a failed build leaves the previous snapshot or none):
@@ -291,7 +292,7 @@ class _Snapshot:
 
 
 class Postings:
-    """Scores the bounded query for one store from its snapshot (None where FTS5 must: see :meth:`bounded_scores`)."""
+    """Scores a store's keyword queries from its snapshot (None where FTS5 must: see :meth:`bounded_scores`)."""
 
     def __init__(self, store, weights: tuple[float, ...] = BM25_WEIGHTS):
         self.store = store
@@ -302,9 +303,10 @@ class Postings:
     def bounded_scores(self, kept: list[str], aside: list[str], depth: int,
                        span: tuple[int, int] | None = None) -> list[tuple[int, float]] | None:
         """The full query's best ``depth`` among rows holding a kept word (with an id in ``span``), as ``merge``
-        of FTS5's two queries returns them, with no filter, tag or session join. None — search with FTS5 — when
-        the store has no snapshot, more than MAX_CHANGES rows changed since it, a word is a phrase of several
-        tokens, or this thread is inside a write transaction (its uncommitted rows are not in the changes read)."""
+        of FTS5's two queries returns them (``aside`` empty: FTS5's OR query of ``kept``), with no filter, tag or
+        session join. None — search with FTS5 — when the store has no snapshot, more than MAX_CHANGES rows changed
+        since it, a word is a phrase of several tokens, or this thread is inside a write transaction (its
+        uncommitted rows are not in the changes read)."""
         with self._reading() as conn:
             state = self._current(conn)
             return None if state is None else self._scores(conn, state, kept, aside, depth, span)
