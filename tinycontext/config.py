@@ -103,8 +103,8 @@ class TinyContextConfig(BaseModel):
     # Threads embedding batches in parallel, one ONNX thread each (0: one per CPU).
     embedding_threads: int = Field(0, ge=0, le=256)
     # Queries on the model rewritten to int8 arithmetic where its weights are int8 (the built-in model), one
-    # activation scale per query: ~2.1x faster for a short query, cosine >= 0.99 to the float32 query vector
-    # (mean 0.995), retrieval quality unchanged (notes/bench_scale.md).
+    # activation scale per query and the FFN's calibrated outlier channels in float32: ~2x faster for a short
+    # query, cosine >= 0.997 to the float32 query vector (mean 0.999; notes/bench_scale.md).
     embedding_int8_queries: bool = True
     # Documents (stored vectors) of a new database on the int8 graph with the model's calibrated outlier channels
     # in float32 (the built-in model has a calibration; others: float32 documents): ~2x faster saves, retrieval

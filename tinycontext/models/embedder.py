@@ -47,15 +47,23 @@ VECTOR_RECIPE = 1
 INT8_GRAPH = f"int8-token-rows-{REWRITE_VERSION}"
 # The queries' int8 graph: one activation scale per text (int8_compute_graph's per_text), each text run alone.
 QUERY_GRAPH = f"int8-text-{REWRITE_VERSION}"
-# A bundle's calibrated outlier channels for the int8 document graph (scripts/calibrate_int8_outliers.py).
+# A bundle's calibrated outlier channels for the int8 graphs (scripts/calibrate_int8_outliers.py).
 OUTLIERS_FILE = "int8_outliers.json"
+
+
+def _digest(channels: dict[str, list[int]]) -> str:
+    return hashlib.sha256(json.dumps(channels, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def outlier_graph_name(channels: dict[str, list[int]]) -> str:
     """The outlier graph's name: the rewrite's version and a digest of the channels, so a recalibrated
     model's vectors are not taken for the older calibration's."""
-    digest = hashlib.sha256(json.dumps(channels, sort_keys=True).encode()).hexdigest()[:12]
-    return f"int8-outliers-{REWRITE_VERSION}-{digest}"
+    return f"int8-outliers-{REWRITE_VERSION}-{_digest(channels)}"
+
+
+def query_graph_name(channels: dict[str, list[int]] | None) -> str:
+    """The query graph's name: QUERY_GRAPH, with the channels' digest when it keeps calibrated outliers."""
+    return f"{QUERY_GRAPH}-{_digest(channels)}" if channels else QUERY_GRAPH
 
 
 def cpu_count() -> int:
@@ -171,28 +179,32 @@ class Embedder:
         self._tokenizer, self._pad_id = _load_tokenizer(bundle)
         self._cache = VectorCache(cache_size)
         self._lock = threading.Lock()
-        # Queries run on the model rewritten to int8 arithmetic (models/int8_graph.py) where its weights
-        # are int8, one text a run with one activation scale per text: ~2.1x faster than float32 for a short
-        # query (~12 % faster than per-token scales), cosine ~0.995 to the float32 vector, quality unchanged (notes/bench_scale.md). Documents of a new database
-        # run on the int8 graph with per-token scales and the model's calibrated outlier channels in float32 (outlier_documents, when the bundle has a calibration for this model
-        # file: ~2x faster saves, quality unchanged), or on the plain int8 graph (int8_documents: SciFact
-        # nDCG@10 -0.002), else on the float32 graph. A database keeps the graph its vectors came from
-        # (documents_like). Sessions load on first use, so a process holds only the graphs it runs.
+        # Queries run on the model rewritten to int8 arithmetic (models/int8_graph.py) where its weights are
+        # int8, one text a run with one activation scale per text (and the FFN's calibrated outlier channels in
+        # float32): ~0.2 ms faster than per-token scales, ~2x the float32 graph for a short query, cosine ~0.999
+        # to the float32 vector (notes/bench_scale.md). Documents of a new database run on the int8 graph with
+        # per-token scales and the model's calibrated outlier channels in float32 (outlier_documents, when the
+        # bundle has a calibration for this model file: ~2x faster saves, quality unchanged), or on the plain
+        # int8 graph (int8_documents: SciFact nDCG@10 -0.002), else on the float32 graph. A database keeps the
+        # graph its vectors came from (documents_like). Sessions load on first use, so a process holds only the
+        # graphs it runs.
         self._sessions: dict = {}  # graph name ("": float32) -> session; shared with documents_like's copies
         # The graphs this model has: name -> the outlier channels of an int8 graph ({}: none); None: the model file.
         self._graphs: dict[str, dict | None] = {"": None}
         self._graph = {"query": "", "document": ""}
         self._configured = ""  # the document graph for a new database
+        self._per_text: set[str] = set()  # graphs run one text at a time
         if self.pooling == "static":
             self._table = self._load_static_table()
             return
-        queries = self._int8_graph({}, per_text=True)
+        outliers = self._outliers()
+        query = query_graph_name(outliers)
+        queries = self._int8_graph(outliers, per_text=True)
         if queries is not None:
-            self._graphs[INT8_GRAPH] = self._graphs[QUERY_GRAPH] = {}
-            outliers = self._outliers()
+            self._graphs[INT8_GRAPH], self._graphs[query], self._per_text = {}, outliers or {}, {query}
             if outliers:  # known whatever is configured, so a database made on it keeps opening
                 self._graphs[outlier_graph_name(outliers)] = outliers
-            self._graph = {"query": QUERY_GRAPH if int8_queries else "",
+            self._graph = {"query": query if int8_queries else "",
                            "document": INT8_GRAPH if int8_documents else
                            outlier_graph_name(outliers) if outliers and outlier_documents else ""}
             self._configured = self._graph["document"]
@@ -262,7 +274,7 @@ class Embedder:
             if graph not in self._sessions:
                 outliers = self._graphs[graph]
                 if built is None and outliers is not None:
-                    built = self._int8_graph(outliers, per_text=graph == QUERY_GRAPH)
+                    built = self._int8_graph(outliers, per_text=graph in self._per_text)
                 self._sessions[graph], self._input_names, self._output_names = self._load_onnx(built)
             return self._sessions[graph]
 
@@ -321,7 +333,7 @@ class Embedder:
         scope = graph or None
         out, cached = self._cache.embed([prefix + t for t in texts], self.dimensions,
                                         lambda missing: self._compute(missing, session, progress=progress,
-                                                                      alone=graph == QUERY_GRAPH), scope)
+                                                                      alone=graph in self._per_text), scope)
         op.set(cached=cached)
         return out
 

@@ -12,7 +12,10 @@ alone or in any batch, and on any thread count (integer sums are exact). onnxrun
 quantisation takes one scale for the whole batch instead, which makes vectors depend on the batch.
 With ``per_text``, that is the rewrite (``DynamicQuantizeLinear``, which onnxruntime fuses with the
 integer product into one kernel: a short query runs ~19 % faster): it is for one text per run, whose
-vector then depends on that text alone (the embedder runs its queries so; notes/bench_scale.md).
+vector then depends on that text alone (the embedder runs its queries so; notes/bench_scale.md). One
+scale over a whole text is coarser than one per token, so there the outlier channels (below) are kept
+in float32 where a single MatMul reads the activation (the FFN's two products: one small float32
+product each); the inputs of Q, K and V (three products each) are quantised whole.
 Embedding tables dequantised the same way are gathered as int8 and dequantised per looked-up row,
 so they are not held as float32.
 
@@ -26,6 +29,7 @@ adding the int8 product). The document vectors' error to float32 drops 7-11x at 
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -85,21 +89,36 @@ def outlier_inputs(model_file: Path) -> list[str]:
     return found
 
 
+def _split_outliers(added: dict[str, np.ndarray], p: str, rows: int, channels: list[int]) -> None:
+    """Constants taking the outlier ``channels`` out of an activation of ``rows`` channels (zeroed, so they set no
+    scale) and picking them out as float32: ``p``_keep, ``p``_channels."""
+    keep = np.ones(rows, np.float32)
+    keep[channels] = 0
+    added[p + "_keep"], added[p + "_channels"] = keep, np.array(channels, np.int64)
+
+
+def _outlier_rows(arrays, w_q: str, w_scale: str, channels: list[int]) -> np.ndarray:
+    """The weight rows of the outlier channels in float32, as dequantised in the original graph."""
+    from onnx import numpy_helper
+
+    rows = numpy_helper.to_array(arrays[w_q])[channels].astype(np.float32)
+    return rows * numpy_helper.to_array(arrays[w_scale]).astype(np.float32)
+
+
 def int8_compute_graph(model_file: Path, outliers: dict[str, list[int]] | None = None, *, per_text: bool = False) -> bytes | None:
     """The rewritten model, serialised; None when no MatMul reads int8 weights (nothing to gain).
     ``outliers``: per MatMul input name, the channels kept in float32. ``per_text``: one activation
-    scale per run instead of per token, for runs of one text (no outliers)."""
+    scale per run instead of per token, for runs of one text (outliers only where one MatMul reads them)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     outliers = outliers or {}
-    if per_text and outliers:
-        raise ValueError("per_text graphs keep no outlier channels")
     model = onnx.load(str(model_file))
     graph = model.graph
     weights = _Weights(graph)
     shapes = weights.shapes
     arrays = {init.name: init for init in graph.initializer}
+    readers = Counter(node.input[0] for node in graph.node if weights.matmul(node))
     added: dict[str, np.ndarray] = {
         "int8q_127": np.array(127, np.float32),
         "int8q_tiny": np.array(127e-12, np.float32),  # the max of an all-zero row
@@ -126,16 +145,27 @@ def int8_compute_graph(model_file: Path, outliers: dict[str, list[int]] | None =
             x, out = node.input[0], node.output[0]
             channels = outliers.get(x)
             if per_text:
+                channels = channels if readers[x] == 1 else None
+                p = f"{x}__u8"
                 if x not in quantised:  # asymmetric uint8, its scale and zero point from the run's min and max
-                    quantised[x] = f"{x}__u8"
-                    nodes.append(helper.make_node("DynamicQuantizeLinear", [x], [quantised[x], x + "__u8_scale", x + "__u8_zp"]))
-                p = quantised[x]
+                    quantised[x] = source = x
+                    if channels:  # the outlier channels out of the int8 part, kept as float32 rows
+                        _split_outliers(added, p, rows, channels)
+                        source = p + "_in"
+                        nodes += [helper.make_node("Mul", [x, p + "_keep"], [source]),
+                                  helper.make_node("Gather", [x, p + "_channels"], [p + "_outliers"], axis=-1)]
+                    nodes.append(helper.make_node("DynamicQuantizeLinear", [source], [p, p + "_scale", p + "_zp"]))
+                product = out if not channels else out + "__int8"
                 nodes += [
                     helper.make_node("MatMulInteger", [p, w_q, p + "_zp"], [out + "__i32"]),
                     helper.make_node("Cast", [out + "__i32"], [out + "__f32"], to=TensorProto.FLOAT),
                     helper.make_node("Mul", [p + "_scale", w_scale], [out + "__scale"]),
-                    helper.make_node("Mul", [out + "__f32", out + "__scale"], [out]),
+                    helper.make_node("Mul", [out + "__f32", out + "__scale"], [product]),
                 ]
+                if channels:
+                    added[out + "__outlier_rows"] = _outlier_rows(arrays, w_q, w_scale, channels)
+                    nodes += [helper.make_node("MatMul", [p + "_outliers", out + "__outlier_rows"], [out + "__outlier"]),
+                              helper.make_node("Add", [product, out + "__outlier"], [out])]
                 converted += 1
                 continue
             added[f"int8q_rows{rows}"] = np.array([-1, rows], np.int64)
@@ -145,10 +175,7 @@ def int8_compute_graph(model_file: Path, outliers: dict[str, list[int]] | None =
                 source = x
                 if channels:
                     # The outlier channels out of the int8 part (zeroed, so they set no scale), and as float32 rows.
-                    keep = np.ones(rows, np.float32)
-                    keep[channels] = 0
-                    added[p + "_keep"] = keep
-                    added[p + "_channels"] = np.array(channels, np.int64)
+                    _split_outliers(added, p, rows, channels)
                     source = p + "_in"
                     nodes += [
                         helper.make_node("Mul", [x, p + "_keep"], [source]),
@@ -180,8 +207,7 @@ def int8_compute_graph(model_file: Path, outliers: dict[str, list[int]] | None =
             product = out + "__2d"
             if channels:
                 # Their float32 weight rows (as dequantised in the original graph), added to the int8 product.
-                w_rows = numpy_helper.to_array(arrays[w_q])[channels].astype(np.float32)
-                added[out + "__outlier_rows"] = w_rows * numpy_helper.to_array(arrays[w_scale]).astype(np.float32)
+                added[out + "__outlier_rows"] = _outlier_rows(arrays, w_q, w_scale, channels)
                 nodes.append(helper.make_node("Gemm", [p + "_outliers", out + "__outlier_rows", product], [out + "__sum"]))
                 product = out + "__sum"
             nodes += [
