@@ -45,8 +45,9 @@ UNLIMITED = 1_000_000  # token budget that never truncates, for ranking metrics
 
 
 def new_engine(db: Path, **config) -> MemoryEngine:
-    """A fresh engine (fresh embedder, so no LRU cache carries over between timed runs)."""
-    cfg = TinyContextConfig(memory_db_path=db, models_dir=db.parent / "models", embedding_model="fast", **config)
+    """A fresh engine (fresh embedder, so no LRU cache carries over between timed runs); ``fast`` unless
+    ``embedding_model`` is given."""
+    cfg = TinyContextConfig(memory_db_path=db, models_dir=db.parent / "models", **{"embedding_model": "fast", **config})
     bundle = resolve_model(cfg.embedding_model, cfg.models_dir)
     return MemoryEngine(cfg, embedder=Embedder(bundle, batch_size=cfg.embedding_batch_size, cache_size=cfg.embedding_cache_size))
 

@@ -44,17 +44,18 @@ def recall_of(ids: list[str], relevant: set[str], k: int) -> float:
     return len(set(ids[:k]) & relevant) / len(relevant)
 
 
-def open_conversation(work: Path, conv: dict, fmt: str, reuse: bool):
-    """An engine on the conversation's database (built unless reused) and its dia_id -> memory id map."""
+def open_conversation(work: Path, conv: dict, fmt: str, reuse: bool, **config):
+    """An engine on the conversation's database (built unless reused) and its dia_id -> memory id map;
+    ``config``: settings of the engine (``new_engine``'s)."""
     db = work / f"cv-{fmt}-{conv['sample_id']}.db"
     ids_file = db.with_suffix(".ids.json")
     if not (reuse and db.exists() and ids_file.exists()):
         for stale in (db, ids_file):
             stale.unlink(missing_ok=True)
-        with new_engine(db) as engine:
+        with new_engine(db, **config) as engine:
             dia_to_id, _, _ = ingest_locomo(engine, conv, fmt)
         ids_file.write_text(json.dumps(dia_to_id))
-    return new_engine(db), json.loads(ids_file.read_text())
+    return new_engine(db, **config), json.loads(ids_file.read_text())
 
 
 def bootstrap_ci(values: np.ndarray, rng: np.random.Generator, n: int) -> tuple[float, float]:

@@ -321,9 +321,10 @@ def export(out: Path, bundle: Path, template: Path) -> dict:
     return report
 
 
-def ship(bundle: Path, name: str, template: Path, source: str | None = None) -> dict:
+def ship(bundle: Path, name: str, template: Path, source: str | None = None, fusion: Path | None = None) -> dict:
     """An exported, calibrated bundle as a package model (tinycontext/models/hub.py DERIVED): its delta over the
-    built-in, model_config.json and int8_outliers.json in tinycontext/data/models/<name>/. Prints the sha256 to pin."""
+    built-in, model_config.json and int8_outliers.json in tinycontext/data/models/<name>/. Prints the sha256 to pin.
+    ``fusion``: a ``locomo_fusion.py`` output whose weights fitted on all of dev become the model's ``fusion_weights``."""
     from tinycontext.models.checksum import file_sha256
     from tinycontext.models.delta import make_delta
     from tinycontext.models.embedder import OUTLIERS_FILE
@@ -338,7 +339,10 @@ def ship(bundle: Path, name: str, template: Path, source: str | None = None) -> 
     (dest / DELTA_FILE).write_bytes(make_delta(template, bundle / "model.onnx"))
     shutil.copy(bundle / OUTLIERS_FILE, dest / OUTLIERS_FILE)
     config = json.loads((bundle / "model_config.json").read_text(encoding="utf-8"))
-    (dest / "model_config.json").write_text(json.dumps({**config, "name": name, "source": source or config["source"]}, indent=2) + "\n", encoding="utf-8")
+    config |= {"name": name, "source": source or config["source"]}
+    if fusion is not None:
+        config["fusion_weights"] = list(json.loads(fusion.read_text(encoding="utf-8"))["weights fitted on all of dev"].values())
+    (dest / "model_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return {"folder": str(dest), "sha256": model_sha, "delta_bytes": (dest / DELTA_FILE).stat().st_size}
 
 
@@ -565,6 +569,8 @@ def main(argv: list[str] | None = None) -> None:
     sh.add_argument("--name", required=True, help="the model's name (pin it with the printed sha256 in models/hub.py DERIVED)")
     sh.add_argument("--template", type=Path, default=SHARED / "models" / "minilm-l6-int8" / "model.onnx")
     sh.add_argument("--source", help="model_config.json's source line (default: the bundle's)")
+    sh.add_argument("--fusion-weights", type=Path, help="locomo_fusion.py's JSON output on the signals of this model's fold models "
+                                                         "(locomo_signals.py --fold-model): its all-of-dev weights become fusion_weights")
     lo = sub.add_parser("loco", help="pool held-out conversations of fold runs, paired with the built-in's run")
     lo.add_argument("--base", type=Path, required=True, help="harness run folder of the built-in on LoCoMo dev")
     lo.add_argument("--fold", nargs="+", required=True, metavar="CONV=RUN", help="each conversation and its fold model's run folder")
@@ -589,7 +595,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{m} {part[m]['builtin']:.4f} -> {part[m]['loco']:.4f} ({part[m]['difference']:+.4f} "
                 f"[{part[m]['difference_ci'][0]:+.4f}, {part[m]['difference_ci'][1]:+.4f}])" for m in ("recall@5", "recall@10", "recall@100")))
     elif args.step == "ship":
-        print(json.dumps(ship(args.bundle, args.name, args.template, args.source), indent=1))
+        print(json.dumps(ship(args.bundle, args.name, args.template, args.source, args.fusion_weights), indent=1))
     else:
         print(json.dumps(export(args.out, args.bundle, args.template), indent=1))
 

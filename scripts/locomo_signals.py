@@ -8,6 +8,11 @@ episode (``conversation.episode_bm25``), the engine's default top-100 ranking (t
 offline model reproduces it), evidence ids and category.
 
     python scripts/locomo_signals.py --workdir /tmp/locomo-sig
+
+Signals of conversations no model has seen, for the leave-one-conversation-out check of a fine-tuned
+model: each conversation embedded by its fold's model (trained without it; ``finetune_minilm.py``):
+
+    python scripts/locomo_signals.py --workdir /tmp/locomo-sig-loco --fold-model conv-26=/tmp/s_conv-26/bundle ...
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from bench_locomo_cv import evidence, open_conversation
 from tinycontext.retrieval import conversation
 
 
-def extract(work: Path, conv: dict) -> Path:
+def extract(work: Path, conv: dict, model: str = "fast") -> Path:
     out = work / f"signals-{conv['sample_id']}.npz"
-    engine, dia_to_id = open_conversation(work, conv, "turns", reuse=True)
+    engine, dia_to_id = open_conversation(work, conv, "turns", reuse=True, embedding_model=model)
     sid = conv["sample_id"]
     with engine:
         rows = engine.store.read("SELECT id, episode_id, coalesce(speaker, ''), occurred_at, content FROM memories WHERE session_id = ? ORDER BY id", (sid,))
@@ -72,11 +77,16 @@ def extract(work: Path, conv: dict) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--workdir", type=Path, required=True, help="databases are kept (and reused) here: one model per folder")
+    parser.add_argument("--model", default="fast", help="embedding_model of every conversation (default: fast)")
+    parser.add_argument("--fold-model", nargs="+", default=[], metavar="CONV=MODEL",
+                        help="this conversation's embedding_model instead (its fold's model); with any, only the conversations named")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
+    folds = dict(item.split("=", 1) for item in args.fold_model)
     for conv in bench_locomo.load():
-        print(extract(args.workdir, conv), flush=True)
+        if not folds or conv["sample_id"] in folds:
+            print(extract(args.workdir, conv, folds.get(conv["sample_id"], args.model)), flush=True)
 
 
 if __name__ == "__main__":

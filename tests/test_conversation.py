@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import HashEmbedder
-from tinycontext import InvalidInputError, MemoryEngine
+from tinycontext import InvalidInputError, MemoryEngine, ModelUnavailableError
 from tinycontext.retrieval.conversation import (
     date_words,
     embedding_text,
@@ -256,6 +256,40 @@ def test_fusion_setting(hash_engine):
     assert learned["memories"][0]["scores"]["rrf"] == 1.0 != rrf["memories"][0]["scores"]["rrf"]
     with pytest.raises(InvalidInputError, match="fusion"):
         hash_engine.recall("dog", fusion="boosted")
+
+
+def test_a_model_that_states_its_own_fusion_weights_is_ranked_by_them(config):
+    """A model's ``fusion_weights`` (model_config.json) replace FUSION_WEIGHTS: here twice FUSION_WEIGHTS, which keeps
+    the order and squares every exp(score - best) the learned fusion hands on."""
+    texts = CHAT_1 + CHAT_2
+    query = "puppy beagle park"
+    with MemoryEngine(config, embedder=HashEmbedder()) as eng:
+        eng.save(texts, session_id="chat")
+        before = eng.recall(query, session_id="chat", score_cliff=0.0, min_dense=0.0)["memories"]
+        eng.embedder.fusion_weights = tuple(2 * w for w in FUSION_WEIGHTS)
+        after = eng.recall(query, session_id="chat", score_cliff=0.0, min_dense=0.0)["memories"]
+        assert [m["id"] for m in after] == [m["id"] for m in before] and len(after) > 2
+        assert [m["scores"]["rrf"] for m in after] == pytest.approx([m["scores"]["rrf"] ** 2 for m in before])
+        assert any(m["scores"]["rrf"] < 0.99 for m in before)  # the squares differ from the values
+        eng.embedder.fusion_weights = FUSION_WEIGHTS[:-1]
+        with pytest.raises(ModelUnavailableError, match="11 fusion_weights"):
+            eng.recall(query, session_id="chat")
+
+
+def test_the_default_model_states_fusion_weights_fitted_on_its_own_signals(real_embedder, tmp_path):
+    """minilm-l6-tuned carries weights fitted on its fold models' LoCoMo signals (notes/locomo.md, session 23); the
+    int8 built-in states none (FUSION_WEIGHTS were fitted on it). A bad value is refused when the bundle loads."""
+    from tinycontext.models.embedder import ModelBundle
+    from tinycontext.models.hub import builtin_bundle
+
+    assert real_embedder.identity["model"] == "minilm-l6-tuned"
+    assert len(real_embedder.fusion_weights) == len(FUSION_FEATURES) and real_embedder.fusion_weights != FUSION_WEIGHTS
+    assert builtin_bundle().fusion_weights is None
+    for name in ("model.onnx", "tokenizer.json"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "model_config.json").write_text(json.dumps({"dimensions": 384, "fusion_weights": ["heavy"]}))
+    with pytest.raises(ModelUnavailableError, match="fusion_weights"):
+        ModelBundle.from_folder(tmp_path)
 
 
 def test_recall_knobs_are_checked(hash_engine):

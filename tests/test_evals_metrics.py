@@ -71,6 +71,9 @@ def test_cache_returns_the_models_vectors_and_skips_recompute(real_embedder, tmp
     assert np.array_equal(again.embed_documents(texts), vectors)
     assert again.embed_query("where is the cat?").shape == (real_embedder.dimensions,)
     assert again.computed == 0 and again.hits == 3
+    # What the engine reads from its embedder besides vectors passes through: the model's floor and fusion weights.
+    assert (again.min_dense, again.fusion_weights) == (real_embedder.min_dense, real_embedder.fusion_weights)
+    assert again.fusion_weights is not None
 
 
 def test_cache_key_tracks_what_shapes_vectors(real_embedder, tmp_path, monkeypatch):

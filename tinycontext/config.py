@@ -139,7 +139,8 @@ class TinyContextConfig(BaseModel):
     recall_neighbour_weight: float = Field(0.5, ge=0.0, le=1.0)
     recall_speaker_boost: float = Field(0.5, ge=0.0, le=10.0)
     # How conversation turns are ranked: "learned" (a linear score over each candidate turn's BM25, dense,
-    # episode, neighbour, speaker and length signals, fitted on LoCoMo dev: retrieval/conversation.py FUSION_WEIGHTS) or
+    # episode, neighbour, speaker and window signals, fitted on LoCoMo dev for the model's own signals: a bundle's
+    # model_config.json "fusion_weights" (minilm-l6-tuned states them), else retrieval/conversation.py FUSION_WEIGHTS) or
     # "rrf" (weighted RRF plus the three hand-tuned settings above, which "learned" does not use). Memories
     # that are not turns: "learned" ranks them by their BM25 and dense scores relative to each list's best
     # (retrieval/fusion.py score_fusion; recall_dense_weight and recall_rrf_k only choose the candidates and

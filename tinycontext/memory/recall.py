@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from .. import telemetry
 from ..budget.render import Page, check_agent_budget, check_detail, recall_page
 from ..budget.tokens import fit_budget
-from ..errors import InvalidInputError, RecallBudgetError, SessionNotFoundError
+from ..errors import InvalidInputError, ModelUnavailableError, RecallBudgetError, SessionNotFoundError
 from ..retrieval import conversation, time_windows as when
 from ..retrieval.filters import Filters, parse_filters
 from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_floor, score_fusion
@@ -211,11 +211,23 @@ def rerank_conversation(engine, plan: Plan, ranked: list[Candidate], dense_hits:
         wanted = sorted({i + step for i in candidates for step in (-2, -1, 0, 1)}.intersection(info))
         return conversation.learned_rerank(ranked, info, query=plan.query, episode_hits=episode_hits, dense_hits=dense_hits,
                                            query_vector=unit(reads.query_vector(plan.query)), vectors=reads.vectors(wanted),
-                                           expand=expand)
+                                           expand=expand, weights=fusion_weights(engine.embedder))
     return conversation.rerank(ranked, info, query=plan.query, episode_hits=episode_hits, dense_hits=dense_hits,
                                episode_weight=plan.episode_weight if has_episodes else 0.0,
                                neighbour_weight=plan.neighbour_weight if has_episodes else 0.0, speaker_boost=plan.speaker_boost,
                                expand=expand)
+
+
+def fusion_weights(embedder) -> tuple[float, ...]:
+    """The learned fusion's weights: those the embedding model states (a bundle's ``model_config.json``
+    ``fusion_weights``, fitted on its own signals), else ``FUSION_WEIGHTS`` (fitted on the built-in int8 model's)."""
+    stated = getattr(embedder, "fusion_weights", None)
+    if stated is None:
+        return conversation.FUSION_WEIGHTS
+    if len(stated) != len(conversation.FUSION_FEATURES):
+        raise ModelUnavailableError(f"The embedding model states {len(stated)} fusion_weights; the learned fusion has "
+                                    f"{len(conversation.FUSION_FEATURES)} features ({', '.join(conversation.FUSION_FEATURES)}).")
+    return stated
 
 
 def deepen(engine, plan: Plan, ranked: list[Candidate]) -> list[Candidate]:

@@ -93,6 +93,9 @@ class ModelBundle:
     extra: dict = field(default_factory=dict)
     # The relevance floor (dense cosine) this model's scores call for, when its config states one.
     min_dense: float | None = None
+    # The learned fusion's weights fitted on this model's signals (retrieval/conversation.py FUSION_FEATURES),
+    # when its config states them: a model spreads its cosines its own way, so the dense features' weights differ.
+    fusion_weights: tuple[float, ...] | None = None
 
     @classmethod
     def from_folder(cls, path: Path, *, name: str | None = None, revision: str = "", sha256: str = "", model_file: Path | None = None,
@@ -131,9 +134,11 @@ class ModelBundle:
                 document_prefix=cfg.get("document_prefix", "") or "",
                 sha256=sha256,
                 min_dense=None if cfg.get("min_dense") is None else float(cfg["min_dense"]),
+                fusion_weights=None if cfg.get("fusion_weights") is None else tuple(float(w) for w in cfg["fusion_weights"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ModelUnavailableError(f"{config_file} is missing or has a bad 'dimensions'/'max_tokens': {exc}.", path=str(config_file)) from exc
+            raise ModelUnavailableError(f"{config_file} is missing or has a bad 'dimensions'/'max_tokens'/'min_dense'/'fusion_weights': {exc}.",
+                                        path=str(config_file)) from exc
 
 
 def _load_tokenizer(bundle: ModelBundle):
@@ -171,6 +176,7 @@ class Embedder:
         self.document_prefix = document_prefix or bundle.document_prefix
         self.pooling = pooling or bundle.pooling
         self.min_dense = bundle.min_dense
+        self.fusion_weights = bundle.fusion_weights
         if self.pooling not in POOLINGS or (self.pooling == "static") != (bundle.pooling == "static"):
             raise ModelUnavailableError(f"Pooling {self.pooling!r} cannot be used with {bundle.name} (its own is {bundle.pooling!r}).")
         self.dimensions = bundle.dimensions
