@@ -152,7 +152,7 @@ def main() -> None:
         held += [learned_order(q, weights) for q in conv]
     loco = recall_rows(every, held)
     final = fit([q[2] for q in every], [q[3] for q in every], args.l2)
-    shipped = recall_rows(every, [learned_order(q, conversation.FUSION_WEIGHTS) for q in every])
+    int8_weights = recall_rows(every, [learned_order(q, conversation.FUSION_WEIGHTS) for q in every])
     rng = np.random.default_rng(0)
     # Candidate recall: evidence among the turns the learned fusion ranks (candidates and their neighbours).
     pool = np.array([(q[0], q[3].sum() / q[4]) for q in every])
@@ -163,14 +163,14 @@ def main() -> None:
                              "mean_pool": round(float(np.mean([len(q[1]) for q in every])), 1)},
         "rrf (hand-tuned)": describe(rrf),
         "learned, LOCO-CV": describe(loco),
-        "learned, FUSION_WEIGHTS (the int8 model's, fitted on all of dev)": describe(shipped),
+        "learned, FUSION_WEIGHTS (the int8 model's, fitted on all of dev)": describe(int8_weights),
         "LOCO-CV minus rrf, R@10 [95% CI]": paired(loco[:, 2], rrf[:, 2], rng),
         "LOCO-CV minus rrf, R@5 [95% CI]": paired(loco[:, 1], rrf[:, 1], rng),
         # On another model's signals (the weights a model states for itself are fitted this way), whether refitting pays.
-        "LOCO-CV minus FUSION_WEIGHTS, R@10 [95% CI]": paired(loco[:, 2], shipped[:, 2], rng),
-        "LOCO-CV minus FUSION_WEIGHTS, R@5 [95% CI]": paired(loco[:, 1], shipped[:, 1], rng),
-        "LOCO-CV minus FUSION_WEIGHTS, cat 1 R@10 [95% CI]": paired(loco[loco[:, 0] == 1, 2], shipped[shipped[:, 0] == 1, 2], rng),
-        "LOCO-CV minus FUSION_WEIGHTS, top-10 characters [95% CI]": paired(loco[:, 4], shipped[:, 4], rng),
+        "LOCO-CV minus FUSION_WEIGHTS, R@10 [95% CI]": paired(loco[:, 2], int8_weights[:, 2], rng),
+        "LOCO-CV minus FUSION_WEIGHTS, R@5 [95% CI]": paired(loco[:, 1], int8_weights[:, 1], rng),
+        "LOCO-CV minus FUSION_WEIGHTS, cat 1 R@10 [95% CI]": paired(loco[loco[:, 0] == 1, 2], int8_weights[int8_weights[:, 0] == 1, 2], rng),
+        "LOCO-CV minus FUSION_WEIGHTS, top-10 characters [95% CI]": paired(loco[:, 4], int8_weights[:, 4], rng),
         "fold weights": [np.round(w, 3).tolist() for w in folds],
         "weights fitted on all of dev": dict(zip(conversation.FUSION_FEATURES, np.round(final, 4).tolist())),
     }, indent=1))

@@ -89,12 +89,16 @@ def outlier_inputs(model_file: Path) -> list[str]:
     return found
 
 
-def _split_outliers(added: dict[str, np.ndarray], p: str, rows: int, channels: list[int]) -> None:
-    """Constants taking the outlier ``channels`` out of an activation of ``rows`` channels (zeroed, so they set no
-    scale) and picking them out as float32: ``p``_keep, ``p``_channels."""
+def _split_outliers(added: dict[str, np.ndarray], p: str, x: str, rows: int, channels: list[int]):
+    """The outlier ``channels`` taken out of activation ``x`` of ``rows`` channels (zeroed, so they set no scale):
+    the node making ``p``_in, the int8 part's source; the constants ``p``_keep and ``p``_channels (the channels
+    to pick out as float32) are added."""
+    from onnx import helper
+
     keep = np.ones(rows, np.float32)
     keep[channels] = 0
     added[p + "_keep"], added[p + "_channels"] = keep, np.array(channels, np.int64)
+    return helper.make_node("Mul", [x, p + "_keep"], [p + "_in"])
 
 
 def _outlier_rows(arrays, w_q: str, w_scale: str, channels: list[int]) -> np.ndarray:
@@ -150,9 +154,8 @@ def int8_compute_graph(model_file: Path, outliers: dict[str, list[int]] | None =
                 if x not in quantised:  # asymmetric uint8, its scale and zero point from the run's min and max
                     quantised[x] = source = x
                     if channels:  # the outlier channels out of the int8 part, kept as float32 rows
-                        _split_outliers(added, p, rows, channels)
                         source = p + "_in"
-                        nodes += [helper.make_node("Mul", [x, p + "_keep"], [source]),
+                        nodes += [_split_outliers(added, p, x, rows, channels),
                                   helper.make_node("Gather", [x, p + "_channels"], [p + "_outliers"], axis=-1)]
                     nodes.append(helper.make_node("DynamicQuantizeLinear", [source], [p, p + "_scale", p + "_zp"]))
                 product = out if not channels else out + "__int8"
@@ -174,11 +177,10 @@ def int8_compute_graph(model_file: Path, outliers: dict[str, list[int]] | None =
                 p = f"{x}__u8"
                 source = x
                 if channels:
-                    # The outlier channels out of the int8 part (zeroed, so they set no scale), and as float32 rows.
-                    _split_outliers(added, p, rows, channels)
+                    # The outlier channels out of the int8 part, and as float32 rows.
                     source = p + "_in"
                     nodes += [
-                        helper.make_node("Mul", [x, p + "_keep"], [source]),
+                        _split_outliers(added, p, x, rows, channels),
                         helper.make_node("Reshape", [x, f"int8q_rows{rows}"], [p + "_x2d"]),
                         helper.make_node("Gather", [p + "_x2d", p + "_channels"], [p + "_outliers"], axis=1),
                     ]
