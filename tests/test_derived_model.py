@@ -1,4 +1,4 @@
-"""The default model minilm-l6-tuned (the fast tier for new databases): the package's delta over the pinned built-in (models/delta.py, hub.py DERIVED)."""
+"""The package's derived models (minilm-l6-tuned2, the fast tier for new databases, and minilm-l6-tuned before it): deltas over the pinned built-in (models/delta.py, hub.py DERIVED)."""
 
 from __future__ import annotations
 
@@ -19,24 +19,26 @@ from tinycontext.models.delta import apply_delta, make_delta
 from tinycontext.models.embedder import Embedder
 from tinycontext.models.hub import BUILTIN_SHA256, DELTA_FILE, DERIVED, builtin_bundle, resolve_model
 
-NAME = "minilm-l6-tuned"
+NAME = "minilm-l6-tuned2"
 
 
-def test_the_delta_makes_the_pinned_model_once_into_models_dir(tmp_path):
-    bundle = resolve_model(NAME, tmp_path)
-    assert bundle.model_file.is_relative_to(tmp_path) and file_sha256(bundle.model_file) == DERIVED[NAME].sha256
-    assert (bundle.name, bundle.sha256) == (NAME, DERIVED[NAME].sha256) and bundle.sha256 != BUILTIN_SHA256
+@pytest.mark.parametrize("name", sorted(DERIVED))
+def test_the_delta_makes_the_pinned_model_once_into_models_dir(tmp_path, name):
+    """Every model the package ships: the default and the earlier one that databases built with it keep."""
+    bundle = resolve_model(name, tmp_path)
+    assert bundle.model_file.is_relative_to(tmp_path) and file_sha256(bundle.model_file) == DERIVED[name].sha256
+    assert (bundle.name, bundle.sha256) == (name, DERIVED[name].sha256) and bundle.sha256 != BUILTIN_SHA256
     assert [p.name for p in bundle.model_file.parent.iterdir()] == ["model.onnx"]  # no temp file left
     made = bundle.model_file.stat().st_mtime_ns
-    assert resolve_model(NAME, tmp_path).model_file.stat().st_mtime_ns == made  # intact: reused, not made again
+    assert resolve_model(name, tmp_path).model_file.stat().st_mtime_ns == made  # intact: reused, not made again
     bundle.model_file.write_bytes(b"truncated")
-    assert file_sha256(resolve_model(NAME, tmp_path).model_file) == DERIVED[NAME].sha256  # damaged: made again
+    assert file_sha256(resolve_model(name, tmp_path).model_file) == DERIVED[name].sha256  # damaged: made again
     # Its calibration is bound to that file, so documents go on its own outlier graph, not the float32 one.
     assert Embedder(bundle).identity["document_graph"].startswith("int8-outliers-")
 
 
 def _package_with(monkeypatch, tmp_path, delta: bytes):
-    """The package's minilm-l6-tuned folder, copied with ``delta`` in place of its own."""
+    """The package's minilm-l6-tuned2 folder, copied with ``delta`` in place of its own."""
     real = hub._package_folder
     folder = tmp_path / "package" / NAME
     shutil.copytree(real(NAME), folder)

@@ -80,6 +80,8 @@ def test_locomo(tmp_path):
             {"question": "Trick?", "answer": "none", "evidence": [], "category": 5},
             {"question": "Adversarial", "answer": "x", "evidence": ["D1:2"], "category": 5},
         ],
+        "observation": {"session_1_observation": {"Ann": [["Ann adopted a dog.", "D1:1"], ["Ann has a pet.", ["D1:1", "D2:1"]]],
+                                                  "Ben": [["Ben likes puppies.", "D9:9"]]}},
     }
     file = tmp_path / "locomo.json"
     file.write_text(json.dumps([sample]), encoding="utf-8")
@@ -98,6 +100,12 @@ def test_locomo(tmp_path):
     # Only dev conversations ship: tuned on them, test estimated by cross-validation over conversations.
     assert ds.tune_split == ds.test_split == "dev" and ds.cross_validate == "session"
     assert set(load_locomo(file, categories=[5]).queries) == {"conv-1:q3"}
+    # The dataset's observations as queries (training data): facts naming their turns, unknown turns dropped.
+    facts = load_locomo(file, queries_from="observations")
+    assert facts.queries == {"conv-1:o1.Ann.0": "Ann adopted a dog.", "conv-1:o1.Ann.1": "Ann has a pet."}
+    assert facts.qrels["conv-1:o1.Ann.1"] == {"conv-1:D1:1": 1, "conv-1:D2:1": 1} and facts.docs == ds.docs
+    with pytest.raises(ConfigError):
+        load_locomo(file, queries_from="answers")
 
 
 def test_real_locomo_dev_shape(shared_dir):

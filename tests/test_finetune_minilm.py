@@ -134,6 +134,19 @@ def test_prepare_locomo_turns_as_the_engine_embeds_them(tmp_path, shared_dir):
     expected = f"[8 May 2023] Caroline: {d1_5['text']} [shares {d1_5['blip_caption']}]"
     assert data["doc_ids"]["conv-26:D1:5"] == tokenizer.encode(expected).ids
     assert data["doc_ids"]["conv-26:D2:1"][:6] == tokenizer.encode("[25 May 2023] Melanie:").ids[:6]
+    # adversarial questions and the dataset's observations join after the answerable questions, which stay as they were
+    more = ft.prepare(tmp_path / "more", scifact=tmp_path / "sf", dev_fraction=0.34, seed=1, negatives=3, pool=30,
+                      locomo=tmp_path / "locomo.json", locomo_extra=("adversarial", "observations"))
+    extended = json.loads((tmp_path / "more" / "train.json").read_text())["examples"]
+    assert extended[:len(data["examples"])] == data["examples"]
+    added = extended[len(data["examples"]):]
+    facts = [(fact, raw) for by_speaker in tiny["observation"].values() for facts in by_speaker.values() for fact, raw in facts
+             if raw.split(":")[0] in {"D1", "D2"}]
+    adversarial = [q for q in tiny["qa"] if q["category"] == 5]
+    assert more["locomo_adversarial_examples"] == sum(len(set(q["evidence"])) for q in adversarial) > 0
+    assert more["locomo_observations_examples"] == len(facts) > 0
+    assert [e["query"] for e in added if e["source"] == "observations"] == [fact for fact, _ in facts]
+    assert all(e["target"] == f"conv-26:{raw}" for e, (_, raw) in zip([e for e in added if e["source"] == "observations"], facts))
 
 
 def test_batches_keep_groups_apart_and_folds_leave_a_conversation_out():
@@ -146,6 +159,13 @@ def test_batches_keep_groups_apart_and_folds_leave_a_conversation_out():
         assert len({e["group"] for e, _, _ in batch}) == 1 and len(batch) <= 4
         assert len({p for _, p, _ in batch}) == len(batch)  # no two examples on one positive
         assert all(p == e["target"] if "target" in e else p in e["positives"] for e, p, _ in batch)
+        assert all(negs == (["n"] if e["negatives"] else []) for e, _, negs in batch)
+    # several hard negatives a step: each example's own, distinct, as many as it has
+    examples[0]["negatives"] = ["n", "m", "o", "p"]
+    for k in (2, 4, 9):
+        drawn = {e["qid"]: negs for b in ft.batches(examples, 4, random.Random(0), negatives=k) for e, _, negs in b}
+        assert set(drawn["s0"]) <= {"n", "m", "o", "p"} and len(set(drawn["s0"])) == min(k, 4)
+        assert drawn["s1"] == ["n"] and drawn["c0"] == []
     fold = ft.fold_examples(examples, "conv-1")
     assert {e["group"] for e in fold} == {"scifact", "conv-0"} and len(fold) == 16
     assert {e["group"] for e in ft.fold_examples(examples, "conv-1", ("scifact",))} == {"conv-0"}
@@ -184,3 +204,23 @@ def test_loco_scores_each_conversation_with_the_fold_that_never_saw_it(tmp_path)
     pooled = pd.read_csv(tmp_path / "pooled.csv").set_index("query_id")
     assert pooled.loc["b:q0", "loco_recall@10"] == 0.0 and pooled.loc["b:q0", "builtin_recall@10"] == 0.5
     assert ft.loco(base, {"a": fold_a})["missing_conversations"] == ["b"]
+
+
+def test_soup_is_the_mean_of_runs_that_left_out_the_same_conversation(tmp_path):
+    def run(name: str, scale: float, held: str | None) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        np.savez(folder / "weights.npz", a=np.full((2, 3), scale, np.float32), b=np.arange(4, dtype=np.float32) * scale)
+        log = {"args": {"tag": name, "seed": 0, "holdout_conversation": held}, "prepare": {"fit_queries": 3}, "examples": 7}
+        (folder / "train_log.json").write_text(json.dumps(log))
+        return folder
+
+    members = [run("x", 1.0, "conv-26"), run("y", 3.0, "conv-26")]
+    assert ft.soup(tmp_path / "soup", members) == {"members": 2, "holdout_conversation": "conv-26", "tensors": 2}
+    z = np.load(tmp_path / "soup" / "weights.npz")
+    np.testing.assert_array_equal(z["a"], np.full((2, 3), 2.0, np.float32))
+    np.testing.assert_array_equal(z["b"], np.arange(4, dtype=np.float32) * 2.0)
+    log = json.loads((tmp_path / "soup" / "train_log.json").read_text())
+    assert log["args"]["tag"] == "soup" and log["args"]["holdout_conversation"] == "conv-26" and len(log["members"]) == 2
+    with pytest.raises(ValueError, match="different conversations"):
+        ft.soup(tmp_path / "bad", [members[0], run("z", 2.0, "conv-30")])

@@ -68,8 +68,9 @@ class TinyContextConfig(BaseModel):
 
     memory_db_path: Path = Field(default_factory=default_db_path)
     models_dir: Path = Field(default_factory=default_models_dir)
-    # A tier (fast, balanced, quality, multilingual), a model name, a bundle folder or a hub repo id. "fast": minilm-l6-tuned
-    # for a new database; one with memories embedded by an older package model (minilm-l6-int8) keeps it until `tinycontext reindex`.
+    # A tier (fast, balanced, quality, multilingual), a model name, a bundle folder or a hub repo id. "fast": minilm-l6-tuned2
+    # for a new database; one with memories embedded by an older package model (minilm-l6-tuned, minilm-l6-int8) keeps it until
+    # `tinycontext reindex`.
     embedding_model: str = "fast"
     embedding_batch_size: int = Field(32, ge=1, le=1024)
     # FTS5 tokenizer (tinycontext/retrieval/language.py): "porter" (English stemming), "unicode61" (no stemming,
@@ -127,7 +128,9 @@ class TinyContextConfig(BaseModel):
     recall_min_dense: float = Field(0.3, ge=0.0, le=1.0)
     # Score cliff: the answer ends where every memory left has all its scores below (1 - this) x the best
     # ranked above it (0: off; retrieval.cliff_cut), read on the first search's order so every page
-    # agrees (memory/recall.py cut); chosen from scripts/tune_floor.py (notes/relevance_floor.md).
+    # agrees (memory/recall.py cut); chosen from scripts/tune_floor.py (notes/relevance_floor.md). Unset, an answer of
+    # conversation turns uses the cliff the model states for them (bundle "turn_score_cliff": minilm-l6-tuned2's 0.28,
+    # chosen on LoCoMo dev, notes/locomo.md).
     recall_score_cliff: float = Field(0.25, ge=0.0, le=0.99)
     # Rows BM25 may score per recall: past it the query's commonest words add no rows to score, but still score
     # the rows holding the others (retrieval/bounded_bm25.py; 0: no bound).
@@ -140,7 +143,7 @@ class TinyContextConfig(BaseModel):
     recall_speaker_boost: float = Field(0.5, ge=0.0, le=10.0)
     # How conversation turns are ranked: "learned" (a linear score over each candidate turn's BM25, dense,
     # episode, neighbour, speaker and window signals, fitted on LoCoMo dev for the model's own signals: a bundle's
-    # model_config.json "fusion_weights" (minilm-l6-tuned states them), else retrieval/conversation.py FUSION_WEIGHTS) or
+    # model_config.json "fusion_weights" (minilm-l6-tuned2 states them), else retrieval/conversation.py FUSION_WEIGHTS) or
     # "rrf" (weighted RRF plus the three hand-tuned settings above, which "learned" does not use). Memories
     # that are not turns: "learned" ranks them by their BM25 and dense scores relative to each list's best
     # (retrieval/fusion.py score_fusion; recall_dense_weight and recall_rrf_k only choose the candidates and

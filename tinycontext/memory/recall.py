@@ -57,7 +57,7 @@ class Plan:
     neighbour_weight: float
     speaker_boost: float
     min_dense: float
-    score_cliff: float
+    score_cliff: float | None  # None: not given; :func:`rank` asks the engine once it knows whether the answer is of turns
     time_boost: float
     fusion: str
     windows: list  # the query's time windows (empty without time_boost or a date phrase)
@@ -105,7 +105,7 @@ def analyse(engine, query: str, *, session_id: str | None = None, top_k: int | N
     neighbour_weight = check_number(config.recall_neighbour_weight if neighbour_weight is None else neighbour_weight, "neighbour_weight", 0.0, 1.0)
     speaker_boost = check_number(config.recall_speaker_boost if speaker_boost is None else speaker_boost, "speaker_boost", 0.0, 10.0)
     min_dense = check_number(engine.default_min_dense() if min_dense is None else min_dense, "min_dense", 0.0, 1.0)
-    cliff = check_number(config.recall_score_cliff if score_cliff is None else score_cliff, "score_cliff", 0.0, 0.99)
+    cliff = None if score_cliff is None else check_number(score_cliff, "score_cliff", 0.0, 0.99)
     time_boost = check_number(config.recall_time_boost if time_boost is None else time_boost, "time_boost", 0.0, 10.0)
     fusion = config.recall_fusion if fusion is None else fusion
     if fusion not in ("learned", "rrf"):
@@ -148,9 +148,9 @@ def search(engine, plan: Plan, depth: int, signals: Signals | None = None) -> Si
 
 # -- 3. fusion, relevance floor, re-rankers ------------------------------------------------------
 
-def order(engine, plan: Plan, found: Signals) -> tuple[list[Candidate], int, int]:
-    """The candidates in recall's order, how many the relevance floor left out, and how many
-    superseded facts :func:`current_facts` left out."""
+def order(engine, plan: Plan, found: Signals) -> tuple[list[Candidate], int, int, bool]:
+    """The candidates in recall's order, how many the relevance floor left out, how many
+    superseded facts :func:`current_facts` left out, and whether conversation turns were re-scored."""
     bm25_hits = list(found.bm25) if plan.keyword else []
     dense_hits = list(found.dense) if plan.dense else []
     with telemetry.operation("recall.fuse") as op:
@@ -171,7 +171,7 @@ def order(engine, plan: Plan, found: Signals) -> tuple[list[Candidate], int, int
         with telemetry.operation("recall.time_boost"):
             ranked = when.boost(ranked, engine.candidate_search.times([c.id for c in ranked]), plan.windows, plan.time_boost)
     ranked, superseded = current_facts(engine, plan, ranked)
-    return ranked, below_floor, superseded
+    return ranked, below_floor, superseded, turns
 
 
 def current_facts(engine, plan: Plan, ranked: list[Candidate]) -> tuple[list[Candidate], int]:
@@ -254,7 +254,7 @@ def deepen(engine, plan: Plan, ranked: list[Candidate]) -> list[Candidate]:
 
 # -- 4. cut-off ----------------------------------------------------------------------------------
 
-def cut(plan: Plan, first: list[Candidate], ranked: list[Candidate]) -> tuple[list[Candidate], int]:
+def cut(plan: Plan, first: list[Candidate], ranked: list[Candidate], cliff: float) -> tuple[list[Candidate], int]:
     """The order (``ranked``: the first search's order ``first``, or :func:`deepen`'s from it) up to
     the score cliff, and how many it left out.
 
@@ -266,7 +266,7 @@ def cut(plan: Plan, first: list[Candidate], ranked: list[Candidate]) -> tuple[li
     inside them, and otherwise not at all. The cliff reads two signals' agreement: one signal's decay
     alone (BM25-only, keyword-only, dense-only) is no sign that the rest is not evidence, so a
     single-signal ranking keeps its full order."""
-    kept = cliff_cut([(c.bm25, c.dense) for c in first], plan.score_cliff if 0.0 < plan.dense_weight < 1.0 else 0.0)
+    kept = cliff_cut([(c.bm25, c.dense) for c in first], cliff if 0.0 < plan.dense_weight < 1.0 else 0.0)
     if ranked is not first and (kept >= len(first) or kept > plan.depth):
         return ranked, 0
     return ranked[:kept], len(ranked) - min(kept, len(ranked))
@@ -351,8 +351,10 @@ def fitted(fit):
 def rank(engine, query: str, *, signals: Signals | None = None, **settings) -> Ranked:
     """Stages 1-5: ranked memories from ``offset`` on, before any budget. ``settings``: :func:`analyse`'s."""
     plan = analyse(engine, query, **settings)
-    ranked, below_floor, superseded = order(engine, plan, search(engine, plan, plan.depth, signals))
-    ranked, below_cliff = cut(plan, ranked, deepen(engine, plan, ranked))
+    ranked, below_floor, superseded, turns = order(engine, plan, search(engine, plan, plan.depth, signals))
+    # Known from the first search, which every page computes, so every page reads the same cliff.
+    cliff = engine.default_score_cliff(turns) if plan.score_cliff is None else plan.score_cliff
+    ranked, below_cliff = cut(plan, ranked, deepen(engine, plan, ranked), cliff)
     with telemetry.operation("recall.window") as op:
         memories = window(engine, plan, ranked)
         op.set(results=len(memories))

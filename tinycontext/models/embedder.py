@@ -96,6 +96,9 @@ class ModelBundle:
     # The learned fusion's weights fitted on this model's signals (retrieval/conversation.py FUSION_FEATURES),
     # when its config states them: a model spreads its cosines its own way, so the dense features' weights differ.
     fusion_weights: tuple[float, ...] | None = None
+    # The score cliff (recall_score_cliff) for answers of conversation turns that this model's scores call for, when
+    # its config states one: a model that pulls unrelated turns further down ends those answers earlier at one cliff.
+    turn_score_cliff: float | None = None
 
     @classmethod
     def from_folder(cls, path: Path, *, name: str | None = None, revision: str = "", sha256: str = "", model_file: Path | None = None,
@@ -135,9 +138,10 @@ class ModelBundle:
                 sha256=sha256,
                 min_dense=None if cfg.get("min_dense") is None else float(cfg["min_dense"]),
                 fusion_weights=None if cfg.get("fusion_weights") is None else tuple(float(w) for w in cfg["fusion_weights"]),
+                turn_score_cliff=None if cfg.get("turn_score_cliff") is None else float(cfg["turn_score_cliff"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ModelUnavailableError(f"{config_file} is missing or has a bad 'dimensions'/'max_tokens'/'min_dense'/'fusion_weights': {exc}.",
+            raise ModelUnavailableError(f"{config_file} is missing or has a bad 'dimensions'/'max_tokens'/'min_dense'/'fusion_weights'/'turn_score_cliff': {exc}.",
                                         path=str(config_file)) from exc
 
 
@@ -177,6 +181,7 @@ class Embedder:
         self.pooling = pooling or bundle.pooling
         self.min_dense = bundle.min_dense
         self.fusion_weights = bundle.fusion_weights
+        self.turn_score_cliff = bundle.turn_score_cliff
         if self.pooling not in POOLINGS or (self.pooling == "static") != (bundle.pooling == "static"):
             raise ModelUnavailableError(f"Pooling {self.pooling!r} cannot be used with {bundle.name} (its own is {bundle.pooling!r}).")
         self.dimensions = bundle.dimensions
