@@ -337,15 +337,15 @@ def is_default(cfg: DictConfig, engine_settings: dict) -> bool:
             and all(getattr(d, k) == v for k, v in engine_settings.items()))
 
 
-def job_key(cfg: DictConfig, dataset: EvalDataset, vectors: str) -> str:
+def job_key(cfg: DictConfig, dataset: EvalDataset, vectors: str, stated: dict | None = None) -> str:
     """What a result depends on: the config (not where files live) with its latency settings, the data
     and its loader code, the vectors (model file, pooling, vector recipe, onnxruntime; a server's
-    model and probe vectors), the engine and harness source, and where cost was measured: the host
+    model and probe vectors), what the model states that recall reads (``EvalModel.stated``), the engine and harness source, and where cost was measured: the host
     and the package versions (a reused job's latency, RSS and rates were measured under the same)."""
     config = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_KEY}
     config["dataset"] = {k: v for k, v in config["dataset"].items() if k not in ("path", "cache_dir")}
     config["embedder"] = {k: v for k, v in config["embedder"].items() if k not in ("model", "url")}
-    parts = {"config": config, "dataset": [dataset.fingerprint, dataset.info.get("loader_code")], "vectors": vectors,
+    parts = {"config": config, "dataset": [dataset.fingerprint, dataset.info.get("loader_code")], "vectors": vectors, "stated": stated or {},
              "engine": engine_source(), "harness": harness_source(), "host": socket.gethostname(),
              "packages": environment()["packages"]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
@@ -391,7 +391,7 @@ def reuse_finished(cfg: DictConfig, output_dir: Path, overrides: list[str] = ())
     dataset = get_dataset(cfg.dataset, base)
     check_splits(cfg, dataset)
     model = describe(cfg.embedder, (base / Path(cfg.models_dir).expanduser()).resolve(), base)
-    key = job_key(cfg, dataset, model.vectors)
+    key = job_key(cfg, dataset, model.vectors, model.stated)
     with ResultsStore(_store_path(cfg, base)) as store:
         hit = store.find(key)
     if hit is None:
@@ -420,7 +420,7 @@ def run_config(cfg: DictConfig, output_dir: Path, overrides: list[str] = (), swe
     dataset = get_dataset(cfg.dataset, base)
     tuned_on_test = check_splits(cfg, dataset)
     model = describe(cfg.embedder, models_dir, base)
-    key = job_key(cfg, dataset, model.vectors)
+    key = job_key(cfg, dataset, model.vectors, model.stated)
     fresh = fresh_token(cfg, output_dir, sweep_dir)
 
     r, max_tokens = cfg.retrieval, int(cfg.budget.max_tokens)

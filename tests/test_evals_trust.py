@@ -168,6 +168,9 @@ def test_a_jobs_cost_figures_are_keyed_by_settings_host_and_packages(tmp_path, m
     for setting in ("latency.queries=5", "latency.passes=2", "latency.probe_runs=2", "latency.index_sample=9"):
         assert runner.job_key(compose_run(tmp_path, setting), dataset, "vectors") != key, setting
     assert runner.job_key(compose_run(tmp_path / "elsewhere"), dataset, "vectors") == key  # where caches live is not
+    # what a bundle states that recall reads, with the same model file (its fusion weights, its cliff for turns)
+    assert runner.job_key(cfg, dataset, "vectors", {"turn_score_cliff": 0.28}) != key
+    assert runner.job_key(cfg, dataset, "vectors", {"fusion_weights": (1.0,)}) != runner.job_key(cfg, dataset, "vectors", {"fusion_weights": (2.0,)})
     monkeypatch.setattr(runner.socket, "gethostname", lambda: "another-host")
     assert runner.job_key(cfg, dataset, "vectors") != key
     monkeypatch.undo()
@@ -177,6 +180,31 @@ def test_a_jobs_cost_figures_are_keyed_by_settings_host_and_packages(tmp_path, m
         assert runner.job_key(cfg, dataset, "vectors") != key, package
         monkeypatch.undo()
     assert runner.job_key(cfg, dataset, "vectors") == key
+
+
+def test_what_a_bundle_states_is_part_of_its_jobs_key(tmp_path):
+    """Two bundle folders with one model file but another stated cliff for turns are not one job."""
+    import json
+    import shutil
+
+    from evals import models
+    from tinycontext.models.hub import resolve_model
+
+    made = resolve_model("fast", tmp_path / "models")  # the default, made from the package
+    described = []
+    for name, cliff in (("a", 0.28), ("b", 0.5)):
+        folder = tmp_path / name
+        folder.mkdir()
+        for source in (made.model_file, made.tokenizer_file, *made.path.glob("*.json")):
+            shutil.copy(source, folder / source.name)
+        config = json.loads((folder / "model_config.json").read_text())
+        (folder / "model_config.json").write_text(json.dumps({**config, "turn_score_cliff": cliff}))
+        described.append(models.describe(compose_run(tmp_path, f"embedder.model={folder}").embedder, tmp_path / "models", REPO))
+    a, b = described
+    assert a.vectors == b.vectors and (a.stated["turn_score_cliff"], b.stated["turn_score_cliff"]) == (0.28, 0.5)
+    cfg = compose_run(tmp_path)
+    dataset = runner.get_dataset(cfg.dataset, REPO)
+    assert runner.job_key(cfg, dataset, a.vectors, a.stated) != runner.job_key(cfg, dataset, b.vectors, b.stated)
 
 
 def test_tuning_on_the_test_split_is_refused_unless_allowed(tmp_path):
