@@ -13,6 +13,7 @@ from tinycontext import MemoryEngine, TinyContextConfig
 from tinycontext.cli.commands import main
 from tinycontext.cli.doctor import run_checks
 from tinycontext.errors import ModelMismatchError
+from tinycontext.memory.recall import score_cliff
 from tinycontext.memory.transfer import export_jsonl, import_jsonl
 from tinycontext.models.embedder import Embedder
 from tinycontext.models.hub import BUILTIN_NAME, DERIVED, builtin_bundle, resolve_model
@@ -91,14 +92,14 @@ def test_a_database_of_the_first_tuned_model_keeps_it_and_its_cliff(tmp_path):
         first_weights = engine.embedder.fusion_weights
     with MemoryEngine(settings(tmp_path, "first.db")) as engine:
         assert engine.embedder.identity["model"] == FIRST_TUNED and engine.reindexed == 0 and top(engine) == MEMORIES[0]
-        assert engine.embedder.fusion_weights == first_weights and engine.default_score_cliff(turns=True) == 0.25
+        assert engine.embedder.fusion_weights == first_weights and score_cliff(engine, turns=True) == 0.25
     with MemoryEngine(settings(tmp_path, "new.db")) as engine:
         engine.save(MEMORIES)
         assert engine.embedder.identity["model"] == TUNED and engine.embedder.fusion_weights != first_weights
-        assert engine.default_score_cliff(turns=True) == engine.embedder.turn_score_cliff == 0.28
-        assert engine.default_score_cliff(turns=False) == 0.25
+        assert score_cliff(engine, turns=True) == engine.embedder.turn_score_cliff == 0.28
+        assert score_cliff(engine, turns=False) == 0.25
     with MemoryEngine(settings(tmp_path, "new.db", recall_score_cliff=0.25)) as engine:
-        assert engine.default_score_cliff(turns=True) == 0.25  # a set value wins, even the default's
+        assert score_cliff(engine, turns=True) == 0.25  # a set value wins, even the default's
 
 
 def test_recall_ends_an_answer_of_turns_at_the_models_cliff(tmp_path):

@@ -376,16 +376,6 @@ class MemoryEngine:
             return self.config.recall_min_dense
         return float(stated)
 
-    def default_score_cliff(self, turns: bool) -> float:
-        """The score cliff of an answer of conversation turns (``turns``: the learned fusion re-scored them) or of
-        other memories: ``recall_score_cliff`` when set, else for turns the cliff the embedding model states for
-        them (a bundle's ``model_config.json`` ``turn_score_cliff``, chosen on its own LoCoMo answers), else the
-        default (0.25)."""
-        stated = getattr(self.embedder, "turn_score_cliff", None)
-        if "recall_score_cliff" in self.config.model_fields_set or stated is None or not turns:
-            return self.config.recall_score_cliff
-        return float(stated)
-
     def search(self, query: str, *, session_id: str | None = None, tags: Sequence[str] | None = None,
                filters: Filters | dict | None = None, candidates: int | None = None) -> Signals:
         """The candidate lists a recall with these settings fuses: BM25 and (with a model) dense hits,

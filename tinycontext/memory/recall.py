@@ -254,6 +254,17 @@ def deepen(engine, plan: Plan, ranked: list[Candidate]) -> list[Candidate]:
 
 # -- 4. cut-off ----------------------------------------------------------------------------------
 
+def score_cliff(engine, turns: bool) -> float:
+    """The score cliff of an answer of conversation turns (``turns``: the learned fusion re-scored them) or of
+    other memories: ``recall_score_cliff`` when set, else for turns the cliff the embedding model states for
+    them (a bundle's ``model_config.json`` ``turn_score_cliff``, chosen on its own LoCoMo answers), else the
+    default (0.25)."""
+    stated = getattr(engine.embedder, "turn_score_cliff", None)
+    if "recall_score_cliff" in engine.config.model_fields_set or stated is None or not turns:
+        return engine.config.recall_score_cliff
+    return float(stated)
+
+
 def cut(plan: Plan, first: list[Candidate], ranked: list[Candidate], cliff: float) -> tuple[list[Candidate], int]:
     """The order (``ranked``: the first search's order ``first``, or :func:`deepen`'s from it) up to
     the score cliff, and how many it left out.
@@ -353,7 +364,7 @@ def rank(engine, query: str, *, signals: Signals | None = None, **settings) -> R
     plan = analyse(engine, query, **settings)
     ranked, below_floor, superseded, turns = order(engine, plan, search(engine, plan, plan.depth, signals))
     # Known from the first search, which every page computes, so every page reads the same cliff.
-    cliff = engine.default_score_cliff(turns) if plan.score_cliff is None else plan.score_cliff
+    cliff = score_cliff(engine, turns) if plan.score_cliff is None else plan.score_cliff
     ranked, below_cliff = cut(plan, ranked, deepen(engine, plan, ranked), cliff)
     with telemetry.operation("recall.window") as op:
         memories = window(engine, plan, ranked)
