@@ -36,8 +36,7 @@ class EvalModel:
     backend: str              # onnx | openai | ollama | a registered backend
     vectors: str              # what a vector depends on besides its text (cache and job keys)
     facts: dict = field(default_factory=dict)  # model, model_pooling, model_mb, sha256, path
-    # What the model's own config states that recall reads besides its vectors (job keys): a bundle's relevance
-    # floor, fusion weights and score cliff for turns can change while its model file does not.
+    # ModelBundle.stated (job keys): a bundle's floor, fusion weights and cliff for turns can change while its file does not.
     stated: dict = field(default_factory=dict)
 
     @property
@@ -90,7 +89,7 @@ def describe(cfg: DictConfig, models_dir: Path, base: Path) -> EvalModel:
         return EvalModel(cfg, spec, kind, model_key(bundle, cfg.pooling or None), {
             "model": bundle.name, "model_pooling": bundle.pooling, "model_mb": bundle.model_file.stat().st_size / 2**20,
             "sha256": file_sha256(bundle.model_file), "path": str(bundle.path)},
-            {"min_dense": bundle.min_dense, "fusion_weights": bundle.fusion_weights, "turn_score_cliff": bundle.turn_score_cliff})
+            bundle.stated)
     model = EvalModel(cfg, str(cfg.model), kind, "")
     server = _server(model)
     try:

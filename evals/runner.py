@@ -340,13 +340,14 @@ def is_default(cfg: DictConfig, engine_settings: dict) -> bool:
 def job_key(cfg: DictConfig, dataset: EvalDataset, vectors: str, stated: dict | None = None) -> str:
     """What a result depends on: the config (not where files live) with its latency settings, the data
     and its loader code, the vectors (model file, pooling, vector recipe, onnxruntime; a server's
-    model and probe vectors), what the model states that recall reads (``EvalModel.stated``), the engine and harness source, and where cost was measured: the host
-    and the package versions (a reused job's latency, RSS and rates were measured under the same)."""
+    model and probe vectors), what the model states that recall reads (``EvalModel.stated``), the engine
+    and harness source, and where cost was measured: the host and the package versions (a reused job's
+    latency, RSS and rates were measured under the same)."""
     config = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IN_KEY}
     config["dataset"] = {k: v for k, v in config["dataset"].items() if k not in ("path", "cache_dir")}
     config["embedder"] = {k: v for k, v in config["embedder"].items() if k not in ("model", "url")}
-    parts = {"config": config, "dataset": [dataset.fingerprint, dataset.info.get("loader_code")], "vectors": vectors, "stated": stated or {},
-             "engine": engine_source(), "harness": harness_source(), "host": socket.gethostname(),
+    parts = {"config": config, "dataset": [dataset.fingerprint, dataset.info.get("loader_code")], "vectors": vectors,
+             "stated": stated or {}, "engine": engine_source(), "harness": harness_source(), "host": socket.gethostname(),
              "packages": environment()["packages"]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 

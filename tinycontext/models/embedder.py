@@ -100,6 +100,11 @@ class ModelBundle:
     # its config states one: a model that pulls unrelated turns further down ends those answers earlier at one cliff.
     turn_score_cliff: float | None = None
 
+    @property
+    def stated(self) -> dict:
+        """What this model's config states that recall reads besides its vectors (the fields above)."""
+        return {"min_dense": self.min_dense, "fusion_weights": self.fusion_weights, "turn_score_cliff": self.turn_score_cliff}
+
     @classmethod
     def from_folder(cls, path: Path, *, name: str | None = None, revision: str = "", sha256: str = "", model_file: Path | None = None,
                     tokenizer_file: Path | None = None) -> "ModelBundle":
