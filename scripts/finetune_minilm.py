@@ -16,6 +16,8 @@ qrels the held-out ones, so the harness can score the model on queries it never 
 trained with in-batch negatives (MultipleNegativesRanking: softmax over scale x cosine of each query to
 every positive and hard negative in the batch; another query's positive that is also cited by this query
 is masked out), mean pooling over the mask as the engine pools. Writes the weights as ``weights.npz``.
+``--mine-negatives``: before each epoch, a LoCoMo example's hard negatives are drawn afresh from the turns of its
+conversation that the model being trained ranks highest (prepare's come from BM25 and the built-in model).
 
 ``export`` (either venv: onnx and numpy only): the weights written into the built-in model's own int8
 graph (each int8 initializer re-quantised from the new weights with the built-in's recipe, checked to
@@ -80,8 +82,8 @@ def write_qrels(path: Path, qids: list[str], qrels: dict[str, dict[str, int]]) -
 
 
 def locomo_examples(path: Path, work: Path, *, negatives: int, pool: int, rng: random.Random,
-                    conversations: list[str] | None = None, extra: str | None = None) -> tuple[list[dict], dict[str, str]]:
-    """(examples, text of every turn they name) from LoCoMo ``path``: one example per (question, evidence turn),
+                    conversations: list[str] | None = None, extra: str | None = None) -> tuple[list[dict], dict[str, str], dict[str, list[str]]]:
+    """(examples, text of every turn, each conversation's turns) from LoCoMo ``path``: one example per (question, evidence turn),
     its ``target`` that turn and its ``positives`` all of the question's evidence (masked in the loss), its
     ``group`` the conversation (``train --holdout-conversation`` leaves a group out; a batch holds one group).
 
@@ -127,7 +129,11 @@ def locomo_examples(path: Path, work: Path, *, negatives: int, pool: int, rng: r
             for target in evidence:
                 examples.append({"qid": q, "query": question, "group": conv, "target": target, "positives": evidence,
                                  "negatives": hard_negatives(ranked, set(evidence), negatives, rng), **({"source": extra} if extra else {})})
-    return examples, texts
+    by_conversation: dict[str, list[str]] = {}
+    for d in data.docs:
+        if d.id in texts:
+            by_conversation.setdefault(d.session, []).append(d.id)
+    return examples, texts, by_conversation
 
 
 def prepare(out: Path, *, scifact: Path, dev_fraction: float, seed: int, negatives: int, pool: int,
@@ -161,12 +167,13 @@ def prepare(out: Path, *, scifact: Path, dev_fraction: float, seed: int, negativ
         examples.append({"qid": q, "query": data.queries[q], "group": "scifact", "positives": positives,
                          "negatives": hard_negatives(ranked, set(positives), negatives, rng)})
     engine.close()
-    locomo_meta = {}
+    locomo_meta, conversation_turns = {}, {}
     if locomo is not None:
-        turns, texts = locomo_examples(locomo, out, negatives=negatives, pool=pool, rng=rng, conversations=locomo_conversations)
+        turns, texts, conversation_turns = locomo_examples(locomo, out, negatives=negatives, pool=pool, rng=rng,
+                                                           conversations=locomo_conversations)
         for extra in locomo_extra:  # drawn after the answerable questions, so their examples stay as without them
-            more, more_texts = locomo_examples(locomo, out, negatives=negatives, pool=pool, rng=rng,
-                                               conversations=locomo_conversations, extra=extra)
+            more, more_texts, _ = locomo_examples(locomo, out, negatives=negatives, pool=pool, rng=rng,
+                                                  conversations=locomo_conversations, extra=extra)
             turns += more
             texts |= more_texts
         examples += turns
@@ -178,14 +185,16 @@ def prepare(out: Path, *, scifact: Path, dev_fraction: float, seed: int, negativ
                                                  f"interleaved, evidence removed, {negatives} drawn per example"}
 
     tokenizer = _load_tokenizer(builtin_bundle())[0]
-    needed = sorted({d for e in examples for d in e["positives"] + e["negatives"]})
+    # every turn of a conversation, so that train --mine-negatives can rank them all
+    needed = sorted({d for e in examples for d in e["positives"] + e["negatives"]} | {d for c in conversation_turns.values() for d in c})
     doc_ids = dict(zip(needed, (e.ids for e in tokenizer.encode_batch([docs[d] for d in needed]))))
     for e, enc in zip(examples, tokenizer.encode_batch([e["query"] for e in examples])):
         e["query_ids"] = enc.ids
     meta = {"scifact": str(scifact), "seed": seed, "dev_fraction": dev_fraction, "negatives": negatives, "pool": pool,
             "fit_queries": len(fit), "dev_queries": len(dev), "documents": len(needed),
             "negative_source": f"engine BM25 top {pool}, cited abstracts removed, {negatives} drawn per query", **locomo_meta}
-    (out / "train.json").write_text(json.dumps({"meta": meta, "examples": examples, "doc_ids": doc_ids}), encoding="utf-8")
+    (out / "train.json").write_text(json.dumps({"meta": meta, "examples": examples, "doc_ids": doc_ids, "turns": conversation_turns}),
+                                    encoding="utf-8")
 
     beir = out / "beir"
     beir.mkdir(exist_ok=True)
@@ -480,6 +489,34 @@ def batches(examples: list[dict], batch_size: int, rng: random.Random, negatives
     return out
 
 
+def mine_negatives(embed, plan_epoch: list[list[tuple[dict, str, list[str]]]], doc_ids: dict[str, list[int]],
+                   turns: dict[str, list[str]], pool: int, rng: random.Random, batch: int = 64) -> int:
+    """Replaces, in one epoch's batches, the hard negatives of every example whose group is a conversation in
+    ``turns`` with as many (at least one) drawn from the ``pool`` turns of that conversation that ``embed`` (token
+    id lists -> unit vectors, numpy; the model being trained) ranks highest for its question, its evidence left
+    out (a draw, not the top: the very top uncited turns are the likeliest unmarked evidence). Returns how many
+    examples were given new negatives."""
+    entries = [(i, j) for i, b in enumerate(plan_epoch) for j, (e, _, _) in enumerate(b) if e.get("group") in turns]
+    if not entries:
+        return 0
+
+    def vectors(seqs: list[list[int]]) -> np.ndarray:
+        return np.concatenate([embed(seqs[k:k + batch]) for k in range(0, len(seqs), batch)])
+
+    groups = sorted({plan_epoch[i][j][0]["group"] for i, j in entries})
+    turn_vectors = {g: vectors([doc_ids[d] for d in turns[g]]) for g in groups}
+    queries = list({plan_epoch[i][j][0]["qid"]: plan_epoch[i][j][0]["query_ids"] for i, j in entries}.items())
+    query_vectors = dict(zip((q for q, _ in queries), vectors([ids for _, ids in queries])))
+    ranked: dict[str, list[str]] = {}
+    for i, j in entries:
+        e, target, negs = plan_epoch[i][j]
+        if e["qid"] not in ranked:
+            order = np.argsort(-(turn_vectors[e["group"]] @ query_vectors[e["qid"]]), kind="stable")
+            ranked[e["qid"]] = [d for d in (turns[e["group"]][k] for k in order) if d not in e["positives"]][:pool]
+        plan_epoch[i][j] = (e, target, rng.sample(ranked[e["qid"]], min(len(negs) or 1, len(ranked[e["qid"]]))))
+    return len(entries)
+
+
 def fold_examples(examples: list[dict], holdout: str | None, without: tuple[str, ...] = ()) -> list[dict]:
     """The examples a fold trains on: all but those of the held-out LoCoMo conversation ``holdout`` and of
     the groups ``without`` (``scifact`` when training on from weights that were trained on it)."""
@@ -516,6 +553,8 @@ def train(out: Path, args) -> dict:
     rng = random.Random(args.seed)
     plan = [batches(examples, args.batch_size, rng, args.negatives_per_step) for _ in range(args.epochs)]
     steps = sum(len(p) for p in plan)
+    if args.mine_negatives and not data.get("turns"):
+        raise ValueError("--mine-negatives needs a train.json with every conversation's turns (prepare --locomo)")
     optimiser = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     warmup = max(1, int(steps * args.warmup))
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -523,6 +562,13 @@ def train(out: Path, args) -> dict:
     model.train()
     losses, step, start = [], 0, time.time()
     for epoch, epoch_batches in enumerate(plan):
+        if args.mine_negatives:
+            model.eval()
+            with torch.no_grad():
+                mined = mine_negatives(lambda seqs: _embed(model, seqs).numpy(), epoch_batches, doc_ids, data["turns"],
+                                       data["meta"]["pool"], rng)
+            model.train()
+            print(f"epoch {epoch}: hard negatives of {mined} examples mined by the model being trained ({time.time() - start:.0f}s)", flush=True)
         for batch in epoch_batches:
             queries = _embed(model, [e["query_ids"] for e, _, _ in batch])
             docs = [p for _, p, _ in batch] + [n for _, _, negs in batch for n in negs]
@@ -597,6 +643,9 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--scale", type=float, default=20.0, help="cosine scale of the softmax (1 / temperature)")
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--negatives-per-step", type=int, default=1, help="hard negatives of each example in a step's batch")
+    t.add_argument("--mine-negatives", action="store_true",
+                   help="before each epoch, draw a LoCoMo example's hard negatives afresh from its conversation's top --pool "
+                        "turns as the model being trained ranks them (prepare's lists are BM25 and the built-in's)")
     t.add_argument("--holdout-conversation", help="train without this LoCoMo conversation's examples (a LOCO fold)")
     t.add_argument("--init", type=Path, help="start from this weights.npz (an earlier train run) instead of the built-in's weights")
     t.add_argument("--without-scifact", action="store_true", help="leave out the SciFact examples (e.g. with --init of a SciFact run)")

@@ -134,6 +134,9 @@ def test_prepare_locomo_turns_as_the_engine_embeds_them(tmp_path, shared_dir):
     expected = f"[8 May 2023] Caroline: {d1_5['text']} [shares {d1_5['blip_caption']}]"
     assert data["doc_ids"]["conv-26:D1:5"] == tokenizer.encode(expected).ids
     assert data["doc_ids"]["conv-26:D2:1"][:6] == tokenizer.encode("[25 May 2023] Melanie:").ids[:6]
+    # every turn of the conversation is kept (train --mine-negatives ranks them all), in the chat's order
+    assert data["turns"] == {"conv-26": [f"conv-26:{t['dia_id']}" for t in session_turns]}
+    assert all(d in data["doc_ids"] for d in data["turns"]["conv-26"])
     # adversarial questions and the dataset's observations join after the answerable questions, which stay as they were
     more = ft.prepare(tmp_path / "more", scifact=tmp_path / "sf", dev_fraction=0.34, seed=1, negatives=3, pool=30,
                       locomo=tmp_path / "locomo.json", locomo_extra=("adversarial", "observations"))
@@ -175,6 +178,32 @@ def test_batches_keep_groups_apart_and_folds_leave_a_conversation_out():
         pass
     else:
         raise AssertionError("a fold of a conversation that has no examples must fail")
+
+
+def test_mined_negatives_are_drawn_from_what_the_model_ranks_highest_without_the_evidence():
+    # a stand-in embedder (a bag of token ids, unit length), so the ranking is known: for the question [1],
+    # t1 and t5 are evidence, t2 and t3 the best other turns, t4 a worse one, the rest share nothing with it
+    def embed(seqs):
+        v = np.zeros((len(seqs), 16))
+        for i, s in enumerate(seqs):
+            v[i, s] = 1
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    turns = {"conv-0": [f"t{k}" for k in range(10)], "conv-1": ["u0", "u1"]}
+    doc_ids = {"t1": [1], "t2": [1, 2], "t3": [1, 2, 3], "t4": [1, 2, 3, 4, 5], "t5": [1, 6], "t0": [7], "t6": [8], "t7": [9],
+               "t8": [10], "t9": [11], "u0": [1], "u1": [12]}
+    q = {"qid": "q", "group": "conv-0", "query_ids": [1], "target": "t1", "positives": ["t1", "t5"], "negatives": ["t9"]}
+    other = {"qid": "o", "group": "conv-1", "query_ids": [12], "target": "u1", "positives": ["u1"], "negatives": []}
+    sf = {"qid": "s", "group": "scifact", "query_ids": [1], "positives": ["d"], "negatives": ["n"]}
+    for pool, allowed in ((2, {"t2", "t3"}), (3, {"t2", "t3", "t4"})):
+        drawn = set()
+        for seed in range(20):
+            plan = [[(q, "t1", ["t9"]), (sf, "d", ["n"])], [(other, "u1", [])], [(q, "t5", ["t9", "t0"])]]
+            assert ft.mine_negatives(embed, plan, doc_ids, turns, pool, random.Random(seed), batch=3) == 3
+            assert len(plan[0][0][2]) == 1 and len(plan[2][0][2]) == 2 and plan[1][0][2] == ["u0"]  # at least one
+            assert plan[0][1] == (sf, "d", ["n"])  # not a conversation: as prepared
+            drawn |= set(plan[0][0][2]) | set(plan[2][0][2])
+        assert drawn == allowed
 
 
 # two questions per conversation with equal differences: scipy warns that its t-test has nothing to vary
