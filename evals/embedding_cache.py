@@ -73,6 +73,7 @@ class CachedEmbedder:
         self.min_dense = getattr(inner, "min_dense", None)
         self.fusion_weights = getattr(inner, "fusion_weights", None)  # the learned fusion's, when the model states its own
         self.turn_score_cliff = getattr(inner, "turn_score_cliff", None)  # likewise the cliff of answers of turns
+        self.turn_score_gap = getattr(inner, "turn_score_gap", None)  # and where answers of learned-fusion turns end
         self.key = key or model_key(inner.bundle, inner.pooling)
         path = Path(cache_dir) / "embeddings" / f"{self.key[:24]}.sqlite"
         path.parent.mkdir(parents=True, exist_ok=True)

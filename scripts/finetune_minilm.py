@@ -342,12 +342,12 @@ def export(out: Path, bundle: Path, template: Path) -> dict:
 
 
 def ship(bundle: Path, name: str, template: Path, source: str | None = None, fusion: Path | None = None,
-         turn_score_cliff: float | None = None) -> dict:
+         turn_score_cliff: float | None = None, turn_score_gap: float | None = None) -> dict:
     """An exported, calibrated bundle as a package model (tinycontext/models/hub.py DERIVED): its delta over the
     built-in, model_config.json and int8_outliers.json in tinycontext/data/models/<name>/. Prints the sha256 to pin.
     ``fusion``: a ``locomo_fusion.py`` output whose weights fitted on all of dev become the model's ``fusion_weights``;
     ``turn_score_cliff``: the model's score cliff for answers of conversation turns (chosen on its fold models' LoCoMo
-    dev answers)."""
+    dev answers); ``turn_score_gap``: where its answers of turns the learned fusion ranked end (likewise chosen)."""
     from tinycontext.models.checksum import file_sha256
     from tinycontext.models.delta import make_delta
     from tinycontext.models.embedder import OUTLIERS_FILE
@@ -367,6 +367,8 @@ def ship(bundle: Path, name: str, template: Path, source: str | None = None, fus
         config["fusion_weights"] = list(json.loads(fusion.read_text(encoding="utf-8"))["weights fitted on all of dev"].values())
     if turn_score_cliff is not None:
         config["turn_score_cliff"] = turn_score_cliff
+    if turn_score_gap is not None:
+        config["turn_score_gap"] = turn_score_gap
     (dest / "model_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return {"folder": str(dest), "sha256": model_sha, "delta_bytes": (dest / DELTA_FILE).stat().st_size}
 
@@ -666,6 +668,8 @@ def main(argv: list[str] | None = None) -> None:
                                                          "(locomo_signals.py --fold-model): its all-of-dev weights become fusion_weights")
     sh.add_argument("--turn-score-cliff", type=float, help="the model's score cliff for answers of conversation turns "
                                                            "(used when recall_score_cliff is not set)")
+    sh.add_argument("--turn-score-gap", type=float, help="where the model's answers of turns the learned fusion ranked end: after the "
+                                                         "last turn whose learned score is within this of the best (in place of the cliff)")
     lo = sub.add_parser("loco", help="pool held-out conversations of fold runs, paired with the built-in's run")
     lo.add_argument("--base", type=Path, required=True, help="harness run folder of the built-in on LoCoMo dev")
     lo.add_argument("--fold", nargs="+", required=True, metavar="CONV=RUN", help="each conversation and its fold model's run folder")
@@ -692,7 +696,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.step == "soup":
         print(json.dumps(soup(args.out, args.members), indent=1))
     elif args.step == "ship":
-        print(json.dumps(ship(args.bundle, args.name, args.template, args.source, args.fusion_weights, args.turn_score_cliff), indent=1))
+        print(json.dumps(ship(args.bundle, args.name, args.template, args.source, args.fusion_weights, args.turn_score_cliff,
+                                    args.turn_score_gap), indent=1))
     else:
         print(json.dumps(export(args.out, args.bundle, args.template), indent=1))
 

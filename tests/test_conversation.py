@@ -290,6 +290,12 @@ def test_the_default_model_states_fusion_weights_fitted_on_its_own_signals(real_
     (tmp_path / "model_config.json").write_text(json.dumps({"dimensions": 384, "fusion_weights": ["heavy"]}))
     with pytest.raises(ModelUnavailableError, match="fusion_weights"):
         ModelBundle.from_folder(tmp_path)
+    for gap in (0, -1.0, "wide", float("nan")):
+        (tmp_path / "model_config.json").write_text(json.dumps({"dimensions": 384, "turn_score_gap": gap}))
+        with pytest.raises(ModelUnavailableError, match="turn_score_gap"):
+            ModelBundle.from_folder(tmp_path)
+    (tmp_path / "model_config.json").write_text(json.dumps({"dimensions": 384, "turn_score_gap": 4}))
+    assert ModelBundle.from_folder(tmp_path).stated["turn_score_gap"] == 4.0
 
 
 def test_recall_knobs_are_checked(hash_engine):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from tinycontext.memory.recall import score_cliff
 from tinycontext.memory.transfer import export_jsonl, import_jsonl
 from tinycontext.models.embedder import Embedder
 from tinycontext.models.hub import BUILTIN_NAME, DERIVED, builtin_bundle, resolve_model
+from tinycontext.retrieval.fusion import gap_cut
 from tinycontext.web.scrape import embedder_for, shared_embedder
 
 TUNED = "minilm-l6-tuned2"
@@ -98,14 +100,17 @@ def test_a_database_of_the_first_tuned_model_keeps_it_and_its_cliff(tmp_path):
         assert engine.embedder.identity["model"] == TUNED and engine.embedder.fusion_weights != first_weights
         assert score_cliff(engine, turns=True) == engine.embedder.turn_score_cliff == 0.28
         assert score_cliff(engine, turns=False) == 0.25
+        assert engine.embedder.turn_score_gap == 4.5  # and where its answers of turns the learned fusion ranked end
     with MemoryEngine(settings(tmp_path, "new.db", recall_score_cliff=0.25)) as engine:
         assert score_cliff(engine, turns=True) == 0.25  # a set value wins, even the default's
 
 
 def test_recall_ends_an_answer_of_turns_at_the_models_cliff(tmp_path):
-    """The model's cliff for turns is what recall reads for a conversation's turns, and only for them (real model)."""
+    """The model's cliff for turns is what recall reads for a conversation's turns, and only for them (real model; a
+    model that states no score gap, which would end these answers instead: the next test)."""
     turns = [{"content": text, "speaker": "Ann", "occurred_at": "2024-05-01T10:00:00Z"} for text in MEMORIES]
     with MemoryEngine(settings(tmp_path)) as engine:
+        engine.embedder.turn_score_gap = None
         engine.save(turns, session_id="chat", episode="e1")
         engine.save([f"Note: {text}" for text in MEMORIES], session_id="notes")
         ends = {session: len(engine.recall(QUESTION, session_id=session, min_dense=0.0)["memories"]) for session in ("chat", "notes")}
@@ -114,6 +119,40 @@ def test_recall_ends_an_answer_of_turns_at_the_models_cliff(tmp_path):
         assert len(engine.recall(QUESTION, session_id="chat", min_dense=0.0)["memories"]) == len(MEMORIES)
         assert len(engine.recall(QUESTION, session_id="notes", min_dense=0.0)["memories"]) == 1  # not turns: the default
         assert len(engine.recall(QUESTION, session_id="chat", min_dense=0.0, score_cliff=0.25)["memories"]) == 1  # given wins
+
+
+def test_a_model_that_states_a_score_gap_ends_answers_of_turns_by_their_learned_scores(tmp_path):
+    """A model's turn_score_gap ends an answer of turns the learned fusion ranked after the last turn whose learned score
+    is within the gap of the best (real model, real learned scores); a cliff given or set, the rrf fusion and memories
+    that are not turns keep the cliff."""
+    chat = MEMORIES + ["Rex is a beagle and he loves the park", "My dog chews every shoe in the house", "I had pasta for dinner"]
+    with MemoryEngine(settings(tmp_path)) as engine:
+        engine.save([{"content": text, "speaker": "Ann", "occurred_at": "2024-05-01T10:00:00Z"} for text in chat], session_id="chat", episode="e1")
+        engine.save([f"Note: {text}" for text in chat], session_id="notes")
+        full = engine.recall(QUESTION, session_id="chat", min_dense=0.0, score_cliff=0.0)
+        learned = [m["scores"]["rrf"] for m in full["memories"]]  # exp(score - best), best first
+        assert len(learned) == len(chat) and learned[0] == 1.0
+        # a gap between two neighbours' scores, where the drop is largest: the answer ends right there
+        k = max(range(1, len(learned)), key=lambda i: learned[i - 1] / learned[i])
+        gap = -math.log(math.sqrt(learned[k - 1] * learned[k]))
+        engine.embedder.turn_score_gap = gap
+        answer = engine.recall(QUESTION, session_id="chat", min_dense=0.0)
+        assert len(answer["memories"]) == k == gap_cut(learned, gap) and answer["below_cliff"] == len(chat) - k
+        assert [m["id"] for m in answer["memories"]] == [m["id"] for m in full["memories"][:k]]
+        engine.embedder.turn_score_gap = 50.0  # every turn's score is within it
+        assert len(engine.recall(QUESTION, session_id="chat", min_dense=0.0)["memories"]) == len(chat)
+
+        def ends(gap, **given):
+            engine.embedder.turn_score_gap = gap
+            return [len(engine.recall(QUESTION, session_id=s, min_dense=0.0, **given)["memories"]) for s in ("chat", "notes")]
+        # a cliff given, the rrf fusion, and memories that are not turns: the gap plays no part
+        for given in ({"score_cliff": 0.28}, {"fusion": "rrf"}):
+            assert ends(1e-9, **given) == ends(50.0, **given) == ends(None, **given)
+        assert ends(1e-9)[1] == ends(50.0)[1] == ends(None)[1] < len(chat)
+        cliff = ends(None)[0]
+    with MemoryEngine(settings(tmp_path, recall_score_cliff=0.28)) as engine:
+        engine.embedder.turn_score_gap = 50.0
+        assert len(engine.recall(QUESTION, session_id="chat", min_dense=0.0)["memories"]) == cliff < len(chat)  # a set cliff wins
 
 
 def test_a_named_model_is_exactly_that_model(int8_store, tmp_path):

@@ -4,7 +4,7 @@ still finds its memory, and the floor is reported (real MiniLM model: the simila
 from __future__ import annotations
 
 from tinycontext import TinyContextConfig
-from tinycontext.retrieval.fusion import Candidate, cliff_cut, relevance_floor
+from tinycontext.retrieval.fusion import Candidate, cliff_cut, gap_cut, relevance_floor
 
 FACTS = ["The user prefers pnpm over npm.", "Production deploys go to Fly.io from main.", "Standup is at 09:30 on weekdays.",
          "The cat is called Miso.", "Billing uses PostgreSQL 16.", "Alice reviews all database migrations.",
@@ -47,6 +47,20 @@ def test_score_cliff_ends_the_answer_where_the_rest_is_clearly_weaker():
     # A kind of evidence nothing above had is not "weaker"; a lacking score is.
     assert cliff_cut([(None, 0.6), (4.0, 0.1)], 0.5) == 2
     assert cliff_cut([(8.0, 0.6), (None, 0.2)], 0.5) == 1
+
+
+def test_score_gap_ends_the_answer_after_the_last_score_within_it_of_the_best():
+    import math
+
+    # learned scores 0, -1, -2.5, -1.5, -6 as learned_rerank hands them on: exp(score - best)
+    scores = [math.exp(s) for s in (0.0, -1.0, -2.5, -1.5, -6.0)]
+    assert gap_cut(scores, 0.0) == 5  # off
+    assert gap_cut(scores, 0.5) == 1
+    assert gap_cut(scores, 2.0) == 4  # one weaker turn does not end it while one within the gap follows
+    assert gap_cut(scores, 2.6) == 4 and gap_cut(scores, 6.5) == 5
+    # the best above, not the first: a later boost (the time windows) may lift a turn above the first
+    assert gap_cut([0.5, 1.0, 0.2, 0.4], math.log(3)) == 4 and gap_cut([0.5, 1.0, 0.2, 0.3], math.log(3)) == 2
+    assert gap_cut([], 1.0) == 0 and gap_cut([0.3], 0.1) == 1
 
 
 def test_score_cliff_in_recall_is_reported_and_pages_agree(engine):

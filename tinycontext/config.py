@@ -129,8 +129,9 @@ class TinyContextConfig(BaseModel):
     # Score cliff: the answer ends where every memory left has all its scores below (1 - this) x the best
     # ranked above it (0: off; retrieval.cliff_cut), read on the first search's order so every page
     # agrees (memory/recall.py cut); chosen from scripts/tune_floor.py (notes/relevance_floor.md). Unset, an answer of
-    # conversation turns uses the cliff the model states for them (bundle "turn_score_cliff": minilm-l6-tuned2's 0.28,
-    # chosen on LoCoMo dev, notes/locomo.md).
+    # conversation turns ends where the model states: turns the learned fusion ranked after the last one whose learned
+    # score is within the model's gap of the best (bundle "turn_score_gap": minilm-l6-tuned2's 4.5), others at the
+    # model's cliff for turns ("turn_score_cliff": its 0.28); both chosen on LoCoMo dev (notes/locomo.md).
     recall_score_cliff: float = Field(0.25, ge=0.0, le=0.99)
     # Rows BM25 may score per recall: past it the query's commonest words add no rows to score, but still score
     # the rows holding the others (retrieval/bounded_bm25.py; 0: no bound).

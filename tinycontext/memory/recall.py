@@ -8,7 +8,7 @@
    floor, then the re-rankers: conversation (episodes, neighbours, speakers, learned fusion;
    :mod:`tinycontext.retrieval.conversation`) and time (:mod:`tinycontext.retrieval.time_windows`);
    :func:`deepen` extends the order, tier by tier, for pages past the first search's depth;
-4. :func:`cut`      — the score cliff;
+4. :func:`cut`      — the score cliff (or, for turns the learned fusion ranked, the model's score gap);
 5. :func:`window`   — the page's memories with rank and scores, before any budget;
 6. the budget: :func:`recall` (content within ``max_tokens``, the library answer) or
    :func:`recall_rendered` (the rendered text within ``max_tokens``, what an agent receives: :func:`rank`
@@ -31,7 +31,7 @@ from ..budget.tokens import fit_budget
 from ..errors import InvalidInputError, ModelUnavailableError, RecallBudgetError, SessionNotFoundError
 from ..retrieval import conversation, time_windows as when
 from ..retrieval.filters import Filters, parse_filters
-from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, relevance_floor, score_fusion
+from ..retrieval.fusion import Candidate, Signals, cliff_cut, fuse, gap_cut, relevance_floor, score_fusion
 from . import browse
 from .codes import unit
 from .checks import check_int, check_number, check_query, check_session, normalise_tags
@@ -80,7 +80,7 @@ class Ranked:
     window: "Window"  # the page's memories, read as they are used
     candidates: int  # how many memories the order holds
     below_floor: int  # candidates the relevance floor (recall_min_dense) left out
-    below_cliff: int  # candidates after the score cliff (recall_score_cliff)
+    below_cliff: int  # candidates after the score cliff (recall_score_cliff) or the model's gap for turns
     superseded: int = 0  # superseded facts left out of the order (include_superseded shows them)
 
 
@@ -254,8 +254,20 @@ def deepen(engine, plan: Plan, ranked: list[Candidate]) -> list[Candidate]:
 
 # -- 4. cut-off ----------------------------------------------------------------------------------
 
+def score_gap(engine, plan: Plan, turns: bool) -> float | None:
+    """Where an answer of conversation turns that the learned fusion ranked ends, when neither ``score_cliff`` nor
+    ``recall_score_cliff`` is set and the embedding model states it (``model_config.json`` ``turn_score_gap``, chosen
+    on its own LoCoMo answers): after the last turn whose learned score is within the gap of the best. Its scores
+    rank the turns, so they say where the evidence ends better than the raw BM25 and cosine a cliff reads."""
+    gap = getattr(engine.embedder, "turn_score_gap", None)
+    if gap is None or not turns or plan.fusion != "learned" or plan.score_cliff is not None \
+            or "recall_score_cliff" in engine.config.model_fields_set:
+        return None
+    return float(gap)
+
+
 def score_cliff(engine, turns: bool) -> float:
-    """The score cliff of an answer of conversation turns (``turns``: the learned fusion re-scored them) or of
+    """The score cliff of an answer of conversation turns (``turns``: the fusion re-scored them) or of
     other memories: ``recall_score_cliff`` when set, else for turns the cliff the embedding model states for
     them (a bundle's ``model_config.json`` ``turn_score_cliff``, chosen on its own LoCoMo answers), else the
     default (0.25)."""
@@ -265,9 +277,10 @@ def score_cliff(engine, turns: bool) -> float:
     return float(stated)
 
 
-def cut(plan: Plan, first: list[Candidate], ranked: list[Candidate], cliff: float) -> tuple[list[Candidate], int]:
+def cut(plan: Plan, first: list[Candidate], ranked: list[Candidate], cliff: float, gap: float | None = None) -> tuple[list[Candidate], int]:
     """The order (``ranked``: the first search's order ``first``, or :func:`deepen`'s from it) up to
-    the score cliff, and how many it left out.
+    the score cliff, or with a ``gap`` (:func:`score_gap`) up to the last candidate within it of the best, and how
+    many it left out.
 
     The cliff ends at the last candidate that is not clearly weaker than the best above it, so its
     end moves with the length of the list it reads: read on each page's own deepened order, pages that
@@ -277,7 +290,9 @@ def cut(plan: Plan, first: list[Candidate], ranked: list[Candidate], cliff: floa
     inside them, and otherwise not at all. The cliff reads two signals' agreement: one signal's decay
     alone (BM25-only, keyword-only, dense-only) is no sign that the rest is not evidence, so a
     single-signal ranking keeps its full order."""
-    kept = cliff_cut([(c.bm25, c.dense) for c in first], cliff if 0.0 < plan.dense_weight < 1.0 else 0.0)
+    two_signals = 0.0 < plan.dense_weight < 1.0
+    kept = gap_cut([c.rrf for c in first], gap if two_signals else 0.0) if gap is not None else \
+        cliff_cut([(c.bm25, c.dense) for c in first], cliff if two_signals else 0.0)
     if ranked is not first and (kept >= len(first) or kept > plan.depth):
         return ranked, 0
     return ranked[:kept], len(ranked) - min(kept, len(ranked))
@@ -365,7 +380,7 @@ def rank(engine, query: str, *, signals: Signals | None = None, **settings) -> R
     ranked, below_floor, superseded, turns = order(engine, plan, search(engine, plan, plan.depth, signals))
     # Known from the first search, which every page computes, so every page reads the same cliff.
     cliff = score_cliff(engine, turns) if plan.score_cliff is None else plan.score_cliff
-    ranked, below_cliff = cut(plan, ranked, deepen(engine, plan, ranked), cliff)
+    ranked, below_cliff = cut(plan, ranked, deepen(engine, plan, ranked), cliff, score_gap(engine, plan, turns))
     with telemetry.operation("recall.window") as op:
         memories = window(engine, plan, ranked)
         op.set(results=len(memories))
@@ -407,7 +422,7 @@ def recall(engine, query: str, *, max_tokens: int | None = None, ranking: int = 
             "candidates": ranked.candidates,
             # Candidates the relevance floor (recall_min_dense) left out: no lexical match, weak dense similarity.
             "below_floor": ranked.below_floor,
-            # Candidates after the score cliff (recall_score_cliff): clearly weaker than what was returned.
+            # Candidates after the score cliff (recall_score_cliff) or the model's gap for turns: clearly weaker than what was returned.
             "below_cliff": ranked.below_cliff,
             # Superseded facts left out (include_superseded shows them, marked); only when there were some.
             **({"superseded": ranked.superseded} if ranked.superseded else {}),

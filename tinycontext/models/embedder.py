@@ -66,6 +66,13 @@ def query_graph_name(channels: dict[str, list[int]] | None) -> str:
     return f"{QUERY_GRAPH}-{_digest(channels)}" if channels else QUERY_GRAPH
 
 
+def _positive(value, name: str) -> float:
+    number = float(value)
+    if not 0.0 < number < float("inf"):  # NaN fails too
+        raise ValueError(f"{name} must be a positive number, not {value!r}")
+    return number
+
+
 def cpu_count() -> int:
     """CPUs this process may run on (the affinity mask, not the machine's total)."""
     try:
@@ -99,11 +106,15 @@ class ModelBundle:
     # The score cliff (recall_score_cliff) for answers of conversation turns that this model's scores call for, when
     # its config states one: a model that pulls unrelated turns further down ends those answers earlier at one cliff.
     turn_score_cliff: float | None = None
+    # Where an answer of turns ranked by the learned fusion ends, when its config states it: after the last turn whose
+    # learned score is within this of the best (memory/recall.py stop); in place of a cliff for those answers.
+    turn_score_gap: float | None = None
 
     @property
     def stated(self) -> dict:
         """What this model's config states that recall reads besides its vectors (the fields above)."""
-        return {"min_dense": self.min_dense, "fusion_weights": self.fusion_weights, "turn_score_cliff": self.turn_score_cliff}
+        return {"min_dense": self.min_dense, "fusion_weights": self.fusion_weights, "turn_score_cliff": self.turn_score_cliff,
+                "turn_score_gap": self.turn_score_gap}
 
     @classmethod
     def from_folder(cls, path: Path, *, name: str | None = None, revision: str = "", sha256: str = "", model_file: Path | None = None,
@@ -144,9 +155,10 @@ class ModelBundle:
                 min_dense=None if cfg.get("min_dense") is None else float(cfg["min_dense"]),
                 fusion_weights=None if cfg.get("fusion_weights") is None else tuple(float(w) for w in cfg["fusion_weights"]),
                 turn_score_cliff=None if cfg.get("turn_score_cliff") is None else float(cfg["turn_score_cliff"]),
+                turn_score_gap=None if cfg.get("turn_score_gap") is None else _positive(cfg["turn_score_gap"], "turn_score_gap"),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ModelUnavailableError(f"{config_file} is missing or has a bad 'dimensions'/'max_tokens'/'min_dense'/'fusion_weights'/'turn_score_cliff': {exc}.",
+            raise ModelUnavailableError(f"{config_file} is missing or has a bad 'dimensions'/'max_tokens'/'min_dense'/'fusion_weights'/'turn_score_cliff'/'turn_score_gap': {exc}.",
                                         path=str(config_file)) from exc
 
 
@@ -187,6 +199,7 @@ class Embedder:
         self.min_dense = bundle.min_dense
         self.fusion_weights = bundle.fusion_weights
         self.turn_score_cliff = bundle.turn_score_cliff
+        self.turn_score_gap = bundle.turn_score_gap
         if self.pooling not in POOLINGS or (self.pooling == "static") != (bundle.pooling == "static"):
             raise ModelUnavailableError(f"Pooling {self.pooling!r} cannot be used with {bundle.name} (its own is {bundle.pooling!r}).")
         self.dimensions = bundle.dimensions

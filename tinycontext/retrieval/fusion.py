@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -148,6 +149,22 @@ def score_fusion(ranked: list[Candidate], dense_hits: Sequence[tuple[int, float]
         semantic = (c.dense - last) / spread if c.dense is not None and spread > 0 else 0.0
         c.rrf = (1.0 - dense_share) * lexical + dense_share * semantic
     return sorted(ranked, key=lambda c: -c.rrf)  # stable: ties keep the fused order
+
+
+def gap_cut(scores: Sequence[float], gap: float) -> int:
+    """How many of the ranked candidates, given as the learned fusion's ``exp(score - best)`` best first
+    (conversation.learned_rerank's ``rrf``), to return: the answer ends after the last one whose score is within
+    ``gap`` of the best ranked above it. The score is a listwise softmax's logit, so a gap is a ratio of how
+    likely two turns are to be the evidence, whatever the raw BM25 or cosine scales. 0: off."""
+    if gap <= 0.0:
+        return len(scores)
+    keep = math.exp(-gap)
+    best, end = 0.0, 0
+    for position, score in enumerate(scores):
+        if position == 0 or score >= keep * best:
+            end = position + 1
+        best = max(best, score)
+    return end
 
 
 def relevance_floor(ranked: list[Candidate], min_dense: float) -> tuple[list[Candidate], int]:
