@@ -580,6 +580,8 @@ def train(out: Path, args) -> dict:
             cited = torch.tensor([[d in e["positives"] and j != i for j, d in enumerate(docs)] for i, (e, _, _) in enumerate(batch)])
             scores = scores.masked_fill(cited, float("-inf"))
             loss = torch.nn.functional.cross_entropy(scores, torch.arange(len(batch)))
+            if args.symmetric:  # and each target among the batch's questions (those that cite it masked likewise)
+                loss = (loss + torch.nn.functional.cross_entropy(scores[:, :len(batch)].T, torch.arange(len(batch)))) / 2
             optimiser.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -645,6 +647,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--scale", type=float, default=20.0, help="cosine scale of the softmax (1 / temperature)")
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--negatives-per-step", type=int, default=1, help="hard negatives of each example in a step's batch")
+    t.add_argument("--symmetric", action="store_true", help="also a softmax of each target over the batch's questions")
     t.add_argument("--mine-negatives", action="store_true",
                    help="before each epoch, draw a LoCoMo example's hard negatives afresh from its conversation's top --pool "
                         "turns as the model being trained ranks them (prepare's lists are BM25 and the built-in's)")
