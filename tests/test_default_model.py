@@ -86,8 +86,8 @@ def test_an_emptied_int8_database_moves_to_the_tuned_model(int8_store):
 
 
 def test_a_database_of_the_first_tuned_model_keeps_it_and_its_cliff(tmp_path):
-    """A database built while the fast tier meant minilm-l6-tuned keeps that model, its fusion weights and the default
-    score cliff (it states none); a new one gets TUNED, whose answers of conversation turns end at the cliff TUNED
+    """A database built while the fast tier meant minilm-l6-tuned keeps that model, its fusion weights, its score gap and
+    the default score cliff (it states none); a new one gets TUNED, whose answers of conversation turns end at the cliff TUNED
     states for them (other memories' at the default), unless recall_score_cliff is set."""
     with MemoryEngine(settings(tmp_path, "first.db", embedding_model=FIRST_TUNED)) as engine:
         engine.save(MEMORIES)
@@ -95,6 +95,7 @@ def test_a_database_of_the_first_tuned_model_keeps_it_and_its_cliff(tmp_path):
     with MemoryEngine(settings(tmp_path, "first.db")) as engine:
         assert engine.embedder.identity["model"] == FIRST_TUNED and engine.reindexed == 0 and top(engine) == MEMORIES[0]
         assert engine.embedder.fusion_weights == first_weights and score_cliff(engine, turns=True) == 0.25
+        assert engine.embedder.turn_score_gap == 4.5  # its answers of turns the learned fusion ranked: the gap (session 25)
     with MemoryEngine(settings(tmp_path, "new.db")) as engine:
         engine.save(MEMORIES)
         assert engine.embedder.identity["model"] == TUNED and engine.embedder.fusion_weights != first_weights
