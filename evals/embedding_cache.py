@@ -69,11 +69,10 @@ class CachedEmbedder:
         self.inner = inner
         self.dimensions = inner.dimensions
         self.identity = inner.identity
-        # The floor the model states: the engine reads it from its embedder when recall_min_dense is not set.
-        self.min_dense = getattr(inner, "min_dense", None)
-        self.fusion_weights = getattr(inner, "fusion_weights", None)  # the learned fusion's, when the model states its own
-        self.turn_score_cliff = getattr(inner, "turn_score_cliff", None)  # likewise the cliff of answers of turns
-        self.turn_score_gap = getattr(inner, "turn_score_gap", None)  # and where answers of learned-fusion turns end
+        # What the model states (its floor, fusion weights, where answers of turns end): the engine reads them from its
+        # embedder when the settings leave them unset.
+        for name in Embedder.STATED:
+            setattr(self, name, getattr(inner, name, None))
         self.key = key or model_key(inner.bundle, inner.pooling)
         path = Path(cache_dir) / "embeddings" / f"{self.key[:24]}.sqlite"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -365,10 +365,7 @@ def ship(bundle: Path, name: str, template: Path, source: str | None = None, fus
     config |= {"name": name, "source": source or config["source"]}
     if fusion is not None:
         config["fusion_weights"] = list(json.loads(fusion.read_text(encoding="utf-8"))["weights fitted on all of dev"].values())
-    if turn_score_cliff is not None:
-        config["turn_score_cliff"] = turn_score_cliff
-    if turn_score_gap is not None:
-        config["turn_score_gap"] = turn_score_gap
+    config |= {k: v for k, v in (("turn_score_cliff", turn_score_cliff), ("turn_score_gap", turn_score_gap)) if v is not None}
     (dest / "model_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return {"folder": str(dest), "sha256": model_sha, "delta_bytes": (dest / DELTA_FILE).stat().st_size}
 

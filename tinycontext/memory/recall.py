@@ -254,16 +254,19 @@ def deepen(engine, plan: Plan, ranked: list[Candidate]) -> list[Candidate]:
 
 # -- 4. cut-off ----------------------------------------------------------------------------------
 
-def score_gap(engine, plan: Plan, turns: bool) -> float | None:
-    """Where an answer of conversation turns that the learned fusion ranked ends, when neither ``score_cliff`` nor
-    ``recall_score_cliff`` is set and the embedding model states it (``model_config.json`` ``turn_score_gap``, chosen
-    on its own LoCoMo answers): after the last turn whose learned score is within the gap of the best. Its scores
-    rank the turns, so they say where the evidence ends better than the raw BM25 and cosine a cliff reads."""
+def stop(engine, plan: Plan, turns: bool) -> tuple[float, float | None]:
+    """Where the answer ends: (score cliff, score gap or None). A ``score_cliff`` given wins; else an answer of turns
+    the learned fusion ranked ends at the gap the embedding model states (``model_config.json`` ``turn_score_gap``,
+    chosen on its own LoCoMo answers) unless ``recall_score_cliff`` is set: after the last turn whose learned score is
+    within it of the best. Those scores ranked the turns, so they say where the evidence ends better than the raw
+    BM25 and cosine a cliff reads. Otherwise :func:`score_cliff`."""
+    if plan.score_cliff is not None:
+        return plan.score_cliff, None
+    cliff = score_cliff(engine, turns)
     gap = getattr(engine.embedder, "turn_score_gap", None)
-    if gap is None or not turns or plan.fusion != "learned" or plan.score_cliff is not None \
-            or "recall_score_cliff" in engine.config.model_fields_set:
-        return None
-    return float(gap)
+    if gap is None or not turns or plan.fusion != "learned" or "recall_score_cliff" in engine.config.model_fields_set:
+        return cliff, None
+    return cliff, float(gap)
 
 
 def score_cliff(engine, turns: bool) -> float:
@@ -279,7 +282,7 @@ def score_cliff(engine, turns: bool) -> float:
 
 def cut(plan: Plan, first: list[Candidate], ranked: list[Candidate], cliff: float, gap: float | None = None) -> tuple[list[Candidate], int]:
     """The order (``ranked``: the first search's order ``first``, or :func:`deepen`'s from it) up to
-    the score cliff, or with a ``gap`` (:func:`score_gap`) up to the last candidate within it of the best, and how
+    the score cliff, or with a ``gap`` (:func:`stop`) up to the last candidate within it of the best, and how
     many it left out.
 
     The cliff ends at the last candidate that is not clearly weaker than the best above it, so its
@@ -378,9 +381,8 @@ def rank(engine, query: str, *, signals: Signals | None = None, **settings) -> R
     """Stages 1-5: ranked memories from ``offset`` on, before any budget. ``settings``: :func:`analyse`'s."""
     plan = analyse(engine, query, **settings)
     ranked, below_floor, superseded, turns = order(engine, plan, search(engine, plan, plan.depth, signals))
-    # Known from the first search, which every page computes, so every page reads the same cliff.
-    cliff = score_cliff(engine, turns) if plan.score_cliff is None else plan.score_cliff
-    ranked, below_cliff = cut(plan, ranked, deepen(engine, plan, ranked), cliff, score_gap(engine, plan, turns))
+    # Known from the first search, which every page computes, so every page ends where the others do.
+    ranked, below_cliff = cut(plan, ranked, deepen(engine, plan, ranked), *stop(engine, plan, turns))
     with telemetry.operation("recall.window") as op:
         memories = window(engine, plan, ranked)
         op.set(results=len(memories))

@@ -66,6 +66,11 @@ def query_graph_name(channels: dict[str, list[int]] | None) -> str:
     return f"{QUERY_GRAPH}-{_digest(channels)}" if channels else QUERY_GRAPH
 
 
+# What a bundle's config may state that recall reads besides its vectors (ModelBundle's fields of these names): an
+# Embedder carries them as attributes, and so does anything that wraps one (evals' cache).
+STATED = ("min_dense", "fusion_weights", "turn_score_cliff", "turn_score_gap")
+
+
 def _positive(value, name: str) -> float:
     number = float(value)
     if not 0.0 < number < float("inf"):  # NaN fails too
@@ -107,14 +112,13 @@ class ModelBundle:
     # its config states one: a model that pulls unrelated turns further down ends those answers earlier at one cliff.
     turn_score_cliff: float | None = None
     # Where an answer of turns ranked by the learned fusion ends, when its config states it: after the last turn whose
-    # learned score is within this of the best (memory/recall.py stop); in place of a cliff for those answers.
+    # learned score is within this of the best (memory/recall.py stop); in place of the cliff for those answers.
     turn_score_gap: float | None = None
 
     @property
     def stated(self) -> dict:
         """What this model's config states that recall reads besides its vectors (the fields above)."""
-        return {"min_dense": self.min_dense, "fusion_weights": self.fusion_weights, "turn_score_cliff": self.turn_score_cliff,
-                "turn_score_gap": self.turn_score_gap}
+        return {name: getattr(self, name) for name in STATED}
 
     @classmethod
     def from_folder(cls, path: Path, *, name: str | None = None, revision: str = "", sha256: str = "", model_file: Path | None = None,
@@ -181,6 +185,8 @@ class Embedder:
     # How this class computes vectors beyond the model files, public for caches of vectors to key on.
     VECTOR_RECIPE = VECTOR_RECIPE
     DISABLED_OPTIMIZERS = tuple(DISABLED_OPTIMIZERS)
+    # What the model states that recall reads, carried as attributes of these names: public for wrappers to forward.
+    STATED = STATED
 
     def __init__(self, bundle: ModelBundle, *, batch_size: int = 32, cache_size: int = 4096,
                  query_prefix: str = "", document_prefix: str = "", pooling: str | None = None, threads: int = 0,
@@ -196,10 +202,8 @@ class Embedder:
         self.query_prefix = query_prefix or bundle.query_prefix
         self.document_prefix = document_prefix or bundle.document_prefix
         self.pooling = pooling or bundle.pooling
-        self.min_dense = bundle.min_dense
-        self.fusion_weights = bundle.fusion_weights
-        self.turn_score_cliff = bundle.turn_score_cliff
-        self.turn_score_gap = bundle.turn_score_gap
+        for name, value in bundle.stated.items():  # the floor, fusion weights and where answers of turns end
+            setattr(self, name, value)
         if self.pooling not in POOLINGS or (self.pooling == "static") != (bundle.pooling == "static"):
             raise ModelUnavailableError(f"Pooling {self.pooling!r} cannot be used with {bundle.name} (its own is {bundle.pooling!r}).")
         self.dimensions = bundle.dimensions
