@@ -18,6 +18,9 @@ compared with the shipped recipe held out the same way (paired bootstrap over th
 - ``nested l2`` / ``interactions, nested l2``: L2 chosen inside each fold instead of given: for the held-out
   conversation, every L2 of ``L2_GRID`` is scored leave-one-conversation-out over the other four (mean R@10
   of their held-out questions) and the best is refitted on all four (so the held-out one never chooses);
+- ``sessions M`` / ``sessions mean M``: a second stage with one feature more, each candidate's largest cosine to the
+  first stage's (the held-out learned order's) top M turns of *other* chat sessions (or its mean cosine to the top M):
+  a list question's items ("I made lasagna", "I baked cookies") may resemble each other more than the question;
 - ``cap C``: at most C turns of one episode among the first 10, the rest moved down in order;
 - ``mmr L``: the first 10 picked greedily by score minus L x (turns of that episode already picked) x the
   standard deviation of the question's scores (MMR over sessions); ``mmr chosen`` picks L on four
@@ -179,6 +182,30 @@ def nested(convs) -> tuple[list, list[float]]:
     return orders, chosen
 
 
+def cross_session(convs, folds, paths, m: int, mean: bool):
+    """The questions with a feature more: each candidate's similarity to the top ``m`` of its fold's held-out order
+    (``sessions M``/``sessions mean M`` in the module's docstring)."""
+    out = []
+    for i, conv in enumerate(convs):
+        c = np.load(paths[i])
+        vectors = {int(t): v for t, v in zip(c["ids"], c["vectors"])}
+        episode = {int(t): int(e) for t, e in zip(c["ids"], c["episode"])}
+        rows = []
+        for q in conv:
+            top = lf.learned_order(q, folds[i])[:m]
+            cos = np.stack([vectors[int(t)] for t in q[1]]) @ np.stack([vectors[t] for t in top]).T
+            itself = q[1][:, None] == np.array(top)[None, :]
+            if mean:
+                feature = np.where(itself, 0.0, cos).sum(1) / np.maximum(1, m - itself.sum(1))
+            else:
+                other = np.array([episode[int(t)] for t in q[1]])[:, None] != np.array([episode[t] for t in top])[None, :]
+                feature = np.where(other & ~itself, cos, -np.inf).max(1)
+                feature = np.where(np.isfinite(feature), feature, 0.0)
+            rows.append((q[0], q[1], np.hstack([q[2], feature[:, None]]), *q[3:]))
+        out.append(rows)
+    return out
+
+
 def candidate_recall(every) -> dict:
     pool = np.array([(q[0], q[3].sum() / q[4]) for q in every])
     return {"all": round(float(pool[:, 1].mean()), 4), **{f"cat{c}": round(float(pool[pool[:, 0] == c, 1].mean()), 4) for c in lf.CATEGORIES},
@@ -238,6 +265,11 @@ def main() -> None:
             orders, chosen = nested(make())
             out[name] = {**compare(lf.recall_rows(every, orders), base, rng), "l2 per fold": chosen}
             print(name, json.dumps(out[name]), flush=True)
+    for m in (3, 5, 10):
+        for name, mean in ((f"sessions {m}", False), (f"sessions mean {m}", True)):
+            if wanted(name):
+                out[name] = compare(lf.recall_rows(every, held_out(cross_session(base_convs, folds, paths, m, mean), args.l2)[1]), base, rng)
+                print(name, json.dumps(out[name]), flush=True)
     # Diversity: each question's first 10 of its fold's held-out order, re-picked.
     picked = {}
     for name, knobs in diversity.items():
