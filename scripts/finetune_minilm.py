@@ -375,20 +375,25 @@ def ship(bundle: Path, name: str, template: Path, source: str | None = None, fus
 LOCO_METRICS = ("recall@5", "recall@10", "recall@100", "ndcg@10", "mrr@10", "budget_recall", "tokens_returned")
 
 
-def loco(base: Path, folds: dict[str, Path], per_question: Path | None = None) -> dict:
+def loco(base: Path | dict[str, Path], folds: dict[str, Path], per_question: Path | None = None) -> dict:
     """The LOCO estimate from harness runs on LoCoMo dev: each conversation scored by the run of the fold
     model that never saw it (``folds``: conversation -> run folder), pooled, paired per question with the
-    ``base`` run (the built-in) on the same questions; overall, per category and per conversation."""
+    ``base`` run (the built-in) on the same questions, or with another recipe's fold runs held out the same
+    way (``base`` a dict like ``folds``: one arm against another); overall, per category and per conversation."""
     import pandas as pd
 
     from evals.stats import bootstrap_ci, diff_ci, paired_p
 
-    a = pd.read_csv(base / "per_query.csv").set_index("query_id")
-    parts = []
-    for conv, run in folds.items():
-        rows = pd.read_csv(run / "per_query.csv").set_index("query_id")
-        parts.append(rows[rows["session"] == conv])
-    b = pd.concat(parts)
+    def held_out(runs: dict[str, Path]) -> pd.DataFrame:
+        parts = []
+        for conv, run in runs.items():
+            rows = pd.read_csv(run / "per_query.csv").set_index("query_id")
+            parts.append(rows[rows["session"] == conv])
+        return pd.concat(parts)
+
+    b = held_out(folds)
+    a = held_out(base) if isinstance(base, dict) else pd.read_csv(base / "per_query.csv").set_index("query_id")
+    conversations = set(base) if isinstance(base, dict) else set(a["session"])
     a = a.loc[b.index]  # the folds' conversations only (all five for the LOCO estimate; fewer while folds are running)
 
     def table(mask) -> dict:
@@ -405,8 +410,8 @@ def loco(base: Path, folds: dict[str, Path], per_question: Path | None = None) -
         pd.concat([b[cols], a[list(LOCO_METRICS)].add_prefix("builtin_"), b[list(LOCO_METRICS)].add_prefix("loco_")],
                   axis=1).to_csv(per_question, float_format="%.6g")
     everything = pd.Series(True, index=b.index)
-    return {"base": str(base), "folds": {c: str(r) for c, r in folds.items()},
-            "missing_conversations": sorted(set(pd.read_csv(base / "per_query.csv")["session"]) - set(folds)), "all": table(everything),
+    return {"base": {c: str(r) for c, r in base.items()} if isinstance(base, dict) else str(base), "folds": {c: str(r) for c, r in folds.items()},
+            "missing_conversations": sorted(conversations - set(folds)), "all": table(everything),
             "category": {int(c): table(b["category"] == c) for c in sorted(b["category"].unique())},
             "conversation": {c: table(b["session"] == c) for c in folds}}
 
@@ -671,7 +676,8 @@ def main(argv: list[str] | None = None) -> None:
     sh.add_argument("--turn-score-gap", type=float, help="where the model's answers of turns the learned fusion ranked end: after the "
                                                          "last turn whose learned score is within this of the best (in place of the cliff)")
     lo = sub.add_parser("loco", help="pool held-out conversations of fold runs, paired with the built-in's run")
-    lo.add_argument("--base", type=Path, required=True, help="harness run folder of the built-in on LoCoMo dev")
+    lo.add_argument("--base", nargs="+", required=True, metavar="RUN | CONV=RUN",
+                    help="harness run folder of the built-in on LoCoMo dev, or another recipe's fold runs (CONV=RUN each)")
     lo.add_argument("--fold", nargs="+", required=True, metavar="CONV=RUN", help="each conversation and its fold model's run folder")
     lo.add_argument("--json", type=Path)
     lo.add_argument("--csv", type=Path, help="write the pooled per-question scores (built-in and held-out fold) here")
@@ -685,7 +691,11 @@ def main(argv: list[str] | None = None) -> None:
         log = train(args.out, args)
         print(json.dumps({k: v for k, v in log.items() if k != "loss_per_step"}, indent=1))
     elif args.step == "loco":
-        report = loco(args.base, {c: Path(r) for c, r in (f.split("=", 1) for f in args.fold)}, args.csv)
+        def runs(items: list[str]) -> dict[str, Path]:
+            return {c: Path(r) for c, r in (f.split("=", 1) for f in items)}
+
+        base = Path(args.base[0]) if len(args.base) == 1 and "=" not in args.base[0] else runs(args.base)
+        report = loco(base, runs(args.fold), args.csv)
         if args.json:
             args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
         for name, part in [("all", report["all"]), *((f"category {c}", t) for c, t in report["category"].items()),

@@ -233,6 +233,11 @@ def test_loco_scores_each_conversation_with_the_fold_that_never_saw_it(tmp_path)
     pooled = pd.read_csv(tmp_path / "pooled.csv").set_index("query_id")
     assert pooled.loc["b:q0", "loco_recall@10"] == 0.0 and pooled.loc["b:q0", "builtin_recall@10"] == 0.5
     assert ft.loco(base, {"a": fold_a})["missing_conversations"] == ["b"]
+    # one recipe's fold runs against another's, each conversation from the fold that never saw it on both sides
+    other = ft.loco({"a": fold_b, "b": fold_a}, {"a": fold_a, "b": fold_b})
+    r10 = other["all"]["recall@10"]
+    assert (r10["builtin"], r10["loco"], r10["difference"]) == pytest.approx((0.9, 0.75, -0.15)) and other["missing_conversations"] == []
+    assert ft.loco({"a": fold_a, "b": fold_b}, {"a": fold_a})["missing_conversations"] == ["b"]
 
 
 def test_soup_is_the_mean_of_runs_that_left_out_the_same_conversation(tmp_path):
