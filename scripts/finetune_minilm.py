@@ -393,7 +393,7 @@ def loco(base: Path | dict[str, Path], folds: dict[str, Path], per_question: Pat
 
     b = held_out(folds)
     a = held_out(base) if isinstance(base, dict) else pd.read_csv(base / "per_query.csv").set_index("query_id")
-    conversations = set(base) if isinstance(base, dict) else set(a["session"])
+    conversations = set(a["session"])  # before keeping the folds' questions only
     a = a.loc[b.index]  # the folds' conversations only (all five for the LOCO estimate; fewer while folds are running)
 
     def table(mask) -> dict:

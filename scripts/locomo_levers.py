@@ -187,9 +187,9 @@ def cross_session(convs, folds, paths, m: int, mean: bool):
     (``sessions M``/``sessions mean M`` in the module's docstring)."""
     out = []
     for i, conv in enumerate(convs):
-        c = np.load(paths[i])
-        vectors = {int(t): v for t, v in zip(c["ids"], c["vectors"])}
-        episode = {int(t): int(e) for t, e in zip(c["ids"], c["episode"])}
+        c = np.load(paths[i], allow_pickle=False)
+        vectors = dict(zip(c["ids"].tolist(), c["vectors"]))
+        episode = episodes_of(paths[i])
         rows = []
         for q in conv:
             top = lf.learned_order(q, folds[i])[:m]
