@@ -128,7 +128,8 @@ def locomo_examples(path: Path, work: Path, *, negatives: int, pool: int, rng: r
             ranked = list(dict.fromkeys(d for pair in zip(*lists) for d in pair))
             for target in evidence:
                 examples.append({"qid": q, "query": question, "group": conv, "target": target, "positives": evidence,
-                                 "negatives": hard_negatives(ranked, set(evidence), negatives, rng), **({"source": extra} if extra else {})})
+                                 "negatives": hard_negatives(ranked, set(evidence), negatives, rng), **({"source": extra} if extra else {}),
+                                 **({"category": data.query_info[q]["category"]} if "category" in data.query_info.get(q, {}) else {})})
     by_conversation: dict[str, list[str]] = {}
     for d in data.docs:
         if d.id in texts:
@@ -532,6 +533,19 @@ def fold_examples(examples: list[dict], holdout: str | None, without: tuple[str,
     return examples
 
 
+def repeat_categories(examples: list[dict], repeats: list[str]) -> list[dict]:
+    """``examples`` with those of each LoCoMo question category ``CAT=N`` in ``repeats`` appearing N times (an
+    epoch then weighs them N-fold; a copy never shares a batch with its original, whose target it is)."""
+    out = list(examples)
+    for item in repeats:
+        cat, times = (int(x) for x in item.split("=", 1))
+        chosen = [e for e in examples if e.get("category") == cat]
+        if not chosen or times < 1:
+            raise ValueError(f"--repeat-category {item}: no examples of category {cat} (prepare --locomo writes it), or N < 1")
+        out += chosen * (times - 1)
+    return out
+
+
 def train(out: Path, args) -> dict:
     import torch
 
@@ -542,6 +556,7 @@ def train(out: Path, args) -> dict:
     data = json.loads((out / "train.json").read_text(encoding="utf-8"))
     examples, doc_ids = data["examples"], data["doc_ids"]
     examples = fold_examples(examples, args.holdout_conversation, ("scifact",) if args.without_scifact else ())
+    examples = repeat_categories(examples, args.repeat_category)
     groups: dict[str, int] = {}
     for e in examples:
         groups[e.get("group")] = groups.get(e.get("group"), 0) + 1
@@ -653,6 +668,8 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--mine-negatives", action="store_true",
                    help="before each epoch, draw a LoCoMo example's hard negatives afresh from its conversation's top --pool "
                         "turns as the model being trained ranks them (prepare's lists are BM25 and the built-in's)")
+    t.add_argument("--repeat-category", action="append", default=[], metavar="CAT=N",
+                   help="the examples of this LoCoMo question category N times in each epoch (e.g. 1=2: multi-hop weighs double)")
     t.add_argument("--holdout-conversation", help="train without this LoCoMo conversation's examples (a LOCO fold)")
     t.add_argument("--init", type=Path, help="start from this weights.npz (an earlier train run) instead of the built-in's weights")
     t.add_argument("--without-scifact", action="store_true", help="leave out the SciFact examples (e.g. with --init of a SciFact run)")

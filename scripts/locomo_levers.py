@@ -21,6 +21,10 @@ compared with the shipped recipe held out the same way (paired bootstrap over th
 - ``sessions M`` / ``sessions mean M``: a second stage with one feature more, each candidate's largest cosine to the
   first stage's (the held-out learned order's) top M turns of *other* chat sessions (or its mean cosine to the top M):
   a list question's items ("I made lasagna", "I baked cookies") may resemble each other more than the question;
+- ``unnamed`` / ``unnamed feature``: the question embedded once more with the speaker it names left out ("What books
+  has read?"; ``--fold-model``: each conversation's model), its vector instead of the question's for every dense signal,
+  or its cosine to each candidate minus the best as one feature more (a second stage's: the name pulls the question
+  towards every turn of that speaker, not towards the list's items);
 - ``cap C``: at most C turns of one episode among the first 10, the rest moved down in order;
 - ``mmr L``: the first 10 picked greedily by score minus L x (turns of that episode already picked) x the
   standard deviation of the question's scores (MMR over sessions); ``mmr chosen`` picks L on four
@@ -36,6 +40,7 @@ import argparse
 import glob
 import json
 import math
+import re
 import sqlite3
 from pathlib import Path
 
@@ -206,6 +211,39 @@ def cross_session(convs, folds, paths, m: int, mean: bool):
     return out
 
 
+def unnamed_vectors(path: str, model: str) -> np.ndarray:
+    """Each question's unit vector with the speaker it names (and a possessive 's) left out, embedded by ``model`` as
+    recall embeds a query; the question's own vector where it names none. Checked against the signals' vectors."""
+    from tinycontext.models.embedder import Embedder
+    from tinycontext.models.hub import resolve_model
+
+    c = np.load(path, allow_pickle=False)
+    embedder = Embedder(resolve_model(model, Path(path).parent / "models"))
+    speakers = {str(s) for s in c["speaker"] if str(s)}
+    out = np.array(c["qvec"], np.float32)
+    for j, question in enumerate(map(str, c["questions"])):
+        own = embedder.embed_query(question)
+        if float(own @ c["qvec"][j]) / float(np.linalg.norm(own)) < 0.9999:
+            raise ValueError(f"{path}: question {j} embedded by {model} differs from the signals' vector (another model?)")
+        name = conversation.mentioned_speaker(question, speakers)
+        if name is not None:
+            vector = embedder.embed_query(" ".join(re.sub(rf"(?<!\w){re.escape(name)}(?:'s)?(?!\w)", " ", question, flags=re.IGNORECASE).split()))
+            out[j] = vector / np.linalg.norm(vector)
+    return out
+
+
+def unnamed_feature(convs, paths, unnamed: list[np.ndarray]):
+    """The questions with a feature more: each candidate's cosine to the unnamed question minus the best turn's."""
+    out = []
+    for conv, path, vectors_q in zip(convs, paths, unnamed):
+        c = np.load(path, allow_pickle=False)
+        position = {int(i): p for p, i in enumerate(c["ids"])}
+        cosine = c["vectors"] @ vectors_q.T  # turns x questions
+        out.append([(q[0], q[1], np.hstack([q[2], (cosine[[position[int(t)] for t in q[1]], j] - cosine[:, j].max())[:, None]]), *q[3:])
+                    for j, q in enumerate(conv)])
+    return out
+
+
 def candidate_recall(every) -> dict:
     pool = np.array([(q[0], q[3].sum() / q[4]) for q in every])
     return {"all": round(float(pool[:, 1].mean()), 4), **{f"cat{c}": round(float(pool[pool[:, 0] == c, 1].mean()), 4) for c in lf.CATEGORIES},
@@ -224,6 +262,8 @@ def main() -> None:
     parser = lf.signal_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument("--only", nargs="*", help="only these levers (names as printed; default: all)")
     parser.add_argument("--json", help="write the figures here too")
+    parser.add_argument("--fold-model", nargs="*", default=[], metavar="CONV=MODEL",
+                        help="the unnamed levers: each conversation's embedding model (as locomo_signals.py was given it)")
     args = parser.parse_args()
     paths = sorted(glob.glob(f"{args.workdir}/signals-*.npz"))
     wanted = (lambda name: args.only is None or name in args.only)
@@ -270,6 +310,17 @@ def main() -> None:
             if wanted(name):
                 out[name] = compare(lf.recall_rows(every, held_out(cross_session(base_convs, folds, paths, m, mean), args.l2)[1]), base, rng)
                 print(name, json.dumps(out[name]), flush=True)
+    if wanted("unnamed") or wanted("unnamed feature"):
+        models = dict(item.split("=", 1) for item in args.fold_model)
+        unnamed = [unnamed_vectors(p, models.get(Path(p).stem.removeprefix("signals-"), "fast")) for p in paths]
+        if wanted("unnamed"):
+            convs = [lf.questions(p, args.depth, args.floor, adapt=lambda _, u=u: u) for p, u in zip(paths, unnamed)]
+            qs = [q for conv in convs for q in conv]
+            out["unnamed"] = {**compare(lf.recall_rows(qs, held_out(convs, args.l2)[1]), base, rng), "candidate recall": candidate_recall(qs)}
+            print("unnamed", json.dumps(out["unnamed"]), flush=True)
+        if wanted("unnamed feature"):
+            out["unnamed feature"] = compare(lf.recall_rows(every, held_out(unnamed_feature(base_convs, paths, unnamed), args.l2)[1]), base, rng)
+            print("unnamed feature", json.dumps(out["unnamed feature"]), flush=True)
     # Diversity: each question's first 10 of its fold's held-out order, re-picked.
     picked = {}
     for name, knobs in diversity.items():

@@ -124,6 +124,7 @@ def test_prepare_locomo_turns_as_the_engine_embeds_them(tmp_path, shared_dir):
         evidence = {f"conv-26:{d}" for d in qa["evidence"]}
         # one example per evidence turn, each masking the question's other evidence turns
         assert sorted(e["target"] for e in mine) == sorted(evidence)
+        assert all(e["category"] == qa["category"] for e in mine)  # train --repeat-category reads it
         assert all(set(e["positives"]) == evidence and e["query_ids"] == tokenizer.encode(qa["question"]).ids for e in mine)
         for e in mine:
             # (a 35-turn slice: the search's lists may hold fewer than 3 other turns)
@@ -150,6 +151,8 @@ def test_prepare_locomo_turns_as_the_engine_embeds_them(tmp_path, shared_dir):
     assert more["locomo_observations_examples"] == len(facts) > 0
     assert [e["query"] for e in added if e["source"] == "observations"] == [fact for fact, _ in facts]
     assert all(e["target"] == f"conv-26:{raw}" for e, (_, raw) in zip([e for e in added if e["source"] == "observations"], facts))
+    assert {e["category"] for e in added if e["source"] == "adversarial"} == {5}
+    assert not any("category" in e for e in added if e["source"] == "observations")  # facts are not questions
 
 
 def test_batches_keep_groups_apart_and_folds_leave_a_conversation_out():
@@ -178,6 +181,21 @@ def test_batches_keep_groups_apart_and_folds_leave_a_conversation_out():
         pass
     else:
         raise AssertionError("a fold of a conversation that has no examples must fail")
+
+
+def test_a_repeated_category_weighs_n_fold_and_a_copy_never_meets_its_original():
+    examples = [{"qid": f"c{i}", "group": "conv-0", "target": f"t{i}", "positives": [f"t{i}"], "negatives": [], "category": 1 + i % 3}
+                for i in range(30)] + [{"qid": "s0", "group": "scifact", "positives": ["d0"], "negatives": []}]
+    repeated = ft.repeat_categories(examples, ["1=3", "2=2"])
+    count = {e["qid"]: sum(r is e for r in repeated) for e in examples}
+    assert all(count[e["qid"]] == {1: 3, 2: 2}.get(e.get("category"), 1) for e in examples)
+    assert ft.repeat_categories(examples, []) == examples
+    for seed in range(5):
+        for batch in ft.batches(repeated, 8, random.Random(seed)):
+            assert len({e["qid"] for e, _, _ in batch}) == len(batch)  # a copy is its original's false negative
+    for bad in (["4=2"], ["1=0"]):
+        with pytest.raises(ValueError):
+            ft.repeat_categories(examples, bad)
 
 
 def test_mined_negatives_are_drawn_from_what_the_model_ranks_highest_without_the_evidence():
