@@ -25,6 +25,12 @@ compared with the shipped recipe held out the same way (paired bootstrap over th
   has read?"; ``--fold-model``: each conversation's model), its vector instead of the question's for every dense signal,
   or its cosine to each candidate minus the best as one feature more (a second stage's: the name pulls the question
   towards every turn of that speaker, not towards the list's items);
+- ``gbdt``: a LambdaRank gradient-boosted ranker (LightGBM, not a project dependency: ``pip install lightgbm``) over the
+  same features instead of the linear score, its size (leaves x rounds of ``GBDT_GRID``) chosen inside each fold by the
+  other four conversations' leave-one-out R@10;
+- ``stops``: where an answer of the held-out learned order ends (no lever on the ranking): the gap rule that ships (the
+  prefix of the top 10 within G of the best learned score) against a length-aware one (every turn whose score minus
+  A x ln(characters / 200) is within G of the best, the first 10 of those), as R@10 against the answer's characters;
 - ``cap C``: at most C turns of one episode among the first 10, the rest moved down in order;
 - ``mmr L``: the first 10 picked greedily by score minus L x (turns of that episode already picked) x the
   standard deviation of the question's scores (MMR over sessions); ``mmr chosen`` picks L on four
@@ -53,6 +59,9 @@ from tinycontext.retrieval.fusion import match_expression, query_terms
 TOP = 10
 MMR = (0.1, 0.25, 0.5, 1.0)
 L2_GRID = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+GBDT_GRID = tuple((leaves, rounds) for leaves in (3, 7, 15) for rounds in (200, 400))
+GBDT_PARAMS = dict(objective="lambdarank", learning_rate=0.03, min_data_in_leaf=200, feature_fraction=0.8, bagging_fraction=0.8,
+                   bagging_freq=1, lambdarank_truncation_level=20, verbose=-1, seed=0, num_threads=1, deterministic=True, force_row_wise=True)
 
 
 def merge(*lists: list[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -244,6 +253,56 @@ def unnamed_feature(convs, paths, unnamed: list[np.ndarray]):
     return out
 
 
+def gbdt_orders(convs) -> tuple[list, list[dict]]:
+    """Every question's held-out order by a LambdaRank GBDT whose size is chosen on the other conversations only."""
+    import lightgbm as lgb
+
+    def fit(train, setting):
+        train = [q for q in train if q[3].any()]
+        data = lgb.Dataset(np.vstack([q[2] for q in train]), np.concatenate([q[3] for q in train]).astype(int), group=[len(q[1]) for q in train])
+        return lgb.train({**GBDT_PARAMS, "num_leaves": setting[0]}, data, num_boost_round=setting[1])
+
+    def order(model, q):
+        return q[1][np.lexsort((q[1], -model.predict(q[2])))].tolist()
+
+    def inner(others, setting):
+        got = [order(fit([q for k, c in enumerate(others) if k != j for q in c], setting), q) for j, held in enumerate(others) for q in held]
+        return float(lf.recall_rows([q for c in others for q in c], got)[:, 2].mean())
+
+    orders, chosen = [], []
+    for i, conv in enumerate(convs):
+        others = [c for k, c in enumerate(convs) if k != i]
+        scores = {setting: inner(others, setting) for setting in GBDT_GRID}
+        best = max(GBDT_GRID, key=scores.get)
+        chosen.append({"leaves, rounds": best, "inner R@10": {str(k): round(v, 4) for k, v in scores.items()}})
+        model = fit([q for c in others for q in c], best)
+        orders += [order(model, q) for q in conv]
+    return orders, chosen
+
+
+def stop_rules(convs, folds) -> list[dict]:
+    """R@10 and characters of answers of the held-out learned order ended by the gap rule or the length-aware one."""
+    items = []
+    for i, conv in enumerate(convs):
+        for q in conv:
+            scores = q[2] @ folds[i]
+            o = np.lexsort((q[1], -scores))
+            items.append((scores[o], np.array([q[7][int(t)] for t in q[1][o]], float), np.array([int(t) in q[6] for t in q[1][o]]), q[4], q[0]))
+    cats = np.array([it[4] for it in items])
+
+    def row(rule, g, a, keep):
+        kept = [keep(s, chars)[:TOP] for s, chars, _, _, _ in items]
+        recall = np.array([ev[k].sum() / total for (_, _, ev, total, _), k in zip(items, kept)])
+        return {"rule": rule, "G": g, "A": a, "R@10": round(float(recall.mean()), 4), "cat1 R@10": round(float(recall[cats == 1].mean()), 4),
+                "characters": round(float(np.mean([chars[k].sum() for (_, chars, _, _, _), k in zip(items, kept)])), 1),
+                "turns": round(float(np.mean([len(k) for k in kept])), 2)}
+    out = [row("gap", g, 0.0, lambda s, chars, g=g: np.flatnonzero(s >= s[0] - g)) for g in np.arange(3.0, 7.01, 0.25)]
+    for a in (0.5, 1.0, 1.5, 2.0):
+        out += [row("length-aware", g, a, lambda s, chars, g=g, a=a: np.unique(np.r_[0, np.flatnonzero(s - s[0] - a * np.log(chars / 200.0) >= -g)]))
+                for g in np.arange(2.0, 9.01, 0.25)]
+    return out
+
+
 def candidate_recall(every) -> dict:
     pool = np.array([(q[0], q[3].sum() / q[4]) for q in every])
     return {"all": round(float(pool[:, 1].mean()), 4), **{f"cat{c}": round(float(pool[pool[:, 0] == c, 1].mean()), 4) for c in lf.CATEGORIES},
@@ -321,6 +380,14 @@ def main() -> None:
         if wanted("unnamed feature"):
             out["unnamed feature"] = compare(lf.recall_rows(every, held_out(unnamed_feature(base_convs, paths, unnamed), args.l2)[1]), base, rng)
             print("unnamed feature", json.dumps(out["unnamed feature"]), flush=True)
+    if wanted("gbdt"):
+        orders, chosen = gbdt_orders(base_convs)
+        out["gbdt"] = {**compare(lf.recall_rows(every, orders), base, rng), "chosen per fold": chosen}
+        print("gbdt", json.dumps(out["gbdt"]), flush=True)
+    if wanted("stops"):
+        out["stops"] = stop_rules(base_convs, folds)
+        for row in out["stops"]:
+            print("stops", json.dumps(row), flush=True)
     # Diversity: each question's first 10 of its fold's held-out order, re-picked.
     picked = {}
     for name, knobs in diversity.items():

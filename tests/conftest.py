@@ -31,7 +31,7 @@ TEST_MODELS = Path(tempfile.gettempdir()) / "tinycontext-test-models"
 
 
 def default_embedder() -> Embedder:
-    """The model a new database gets with default settings (the fast tier: minilm-l6-tuned2, made from the package)."""
+    """The model a new database gets with default settings (the fast tier: minilm-l6-tuned3, made from the package)."""
     return Embedder(resolve_model(FAST, TEST_MODELS))
 
 

@@ -277,12 +277,12 @@ def test_a_model_that_states_its_own_fusion_weights_is_ranked_by_them(config):
 
 
 def test_the_default_model_states_fusion_weights_fitted_on_its_own_signals(real_embedder, tmp_path):
-    """minilm-l6-tuned2 carries weights fitted on its fold models' LoCoMo signals (notes/locomo.md, sessions 23-24); the
+    """minilm-l6-tuned3 carries weights fitted on its fold models' LoCoMo signals (notes/locomo.md, sessions 23-24, 27); the
     int8 built-in states none (FUSION_WEIGHTS were fitted on it). A bad value is refused when the bundle loads."""
     from tinycontext.models.embedder import ModelBundle
     from tinycontext.models.hub import builtin_bundle
 
-    assert real_embedder.identity["model"] == "minilm-l6-tuned2"
+    assert real_embedder.identity["model"] == "minilm-l6-tuned3"
     assert len(real_embedder.fusion_weights) == len(FUSION_FEATURES) and real_embedder.fusion_weights != FUSION_WEIGHTS
     assert builtin_bundle().fusion_weights is None
     for name in ("model.onnx", "tokenizer.json"):

@@ -1,5 +1,5 @@
-"""The default model: minilm-l6-tuned2 for new databases, while a database built with an earlier default (the int8
-built-in, or minilm-l6-tuned) keeps loading that model under default settings. Real models, real databases, every path that opens one."""
+"""The default model: minilm-l6-tuned3 for new databases, while a database built with an earlier default (the int8
+built-in, minilm-l6-tuned or minilm-l6-tuned2) keeps loading that model under default settings. Real models, real databases, every path that opens one."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from tinycontext.models.hub import BUILTIN_NAME, DERIVED, builtin_bundle, resolv
 from tinycontext.retrieval.fusion import gap_cut
 from tinycontext.web.scrape import embedder_for, shared_embedder
 
-TUNED = "minilm-l6-tuned2"
-FIRST_TUNED = "minilm-l6-tuned"  # the default between the int8 built-in and TUNED
+TUNED = "minilm-l6-tuned3"
+# The defaults between the int8 built-in and TUNED, and the score cliff each ends answers of turns at (tuned: the default)
+EARLIER_TUNED = {"minilm-l6-tuned": 0.25, "minilm-l6-tuned2": 0.28}
 MEMORIES = ["I adopted a puppy named Rex last spring", "The quarterly budget review moved to Thursday",
             "My sister moved to Lisbon for a job at a bank"]
 QUESTION = "what kind of dog do I have"
@@ -85,16 +86,18 @@ def test_an_emptied_int8_database_moves_to_the_tuned_model(int8_store):
         assert engine.stats()["embedder"]["model"] == TUNED
 
 
-def test_a_database_of_the_first_tuned_model_keeps_it_and_its_cliff(tmp_path):
-    """A database built while the fast tier meant minilm-l6-tuned keeps that model, its fusion weights, its score gap and
-    the default score cliff (it states none); a new one gets TUNED, whose answers of conversation turns end at the cliff TUNED
-    states for them (other memories' at the default), unless recall_score_cliff is set."""
-    with MemoryEngine(settings(tmp_path, "first.db", embedding_model=FIRST_TUNED)) as engine:
+@pytest.mark.parametrize("earlier", sorted(EARLIER_TUNED))
+def test_a_database_of_an_earlier_tuned_model_keeps_it_and_its_cliff(tmp_path, earlier):
+    """A database built while the fast tier meant an earlier tuned model keeps that model, its fusion weights, its score
+    gap and its score cliff for turns (minilm-l6-tuned states none: the default); a new one gets TUNED, whose answers of
+    conversation turns end at the cliff TUNED states for them (other memories' at the default), unless recall_score_cliff
+    is set."""
+    with MemoryEngine(settings(tmp_path, "first.db", embedding_model=earlier)) as engine:
         engine.save(MEMORIES)
         first_weights = engine.embedder.fusion_weights
     with MemoryEngine(settings(tmp_path, "first.db")) as engine:
-        assert engine.embedder.identity["model"] == FIRST_TUNED and engine.reindexed == 0 and top(engine) == MEMORIES[0]
-        assert engine.embedder.fusion_weights == first_weights and score_cliff(engine, turns=True) == 0.25
+        assert engine.embedder.identity["model"] == earlier and engine.reindexed == 0 and top(engine) == MEMORIES[0]
+        assert engine.embedder.fusion_weights == first_weights and score_cliff(engine, turns=True) == EARLIER_TUNED[earlier]
         assert engine.embedder.turn_score_gap == 4.5  # its answers of turns the learned fusion ranked: the gap (session 25)
     with MemoryEngine(settings(tmp_path, "new.db")) as engine:
         engine.save(MEMORIES)
@@ -194,7 +197,7 @@ def test_doctor_reports_the_model_the_database_keeps(int8_store, env, monkeypatc
     assert report["ok"], by_name
     model = by_name["model"]
     assert model["details"]["name"] == BUILTIN_NAME and model["details"]["kept_for_database"] is True
-    assert "new databases get minilm-l6-tuned2" in model["summary"] and "tinycontext reindex" in model["summary"]
+    assert f"new databases get {TUNED}" in model["summary"] and "tinycontext reindex" in model["summary"]
     assert by_name["database"]["details"]["embedder"]["model"] == BUILTIN_NAME
     monkeypatch.setenv("TINYCONTEXT_MEMORY_DB_PATH", str(int8_store / "new.db"))
     model = {c["name"]: c for c in run_checks()["checks"]}["model"]

@@ -1,4 +1,4 @@
-"""The package's derived models (minilm-l6-tuned2, the fast tier for new databases, and minilm-l6-tuned before it): deltas over the pinned built-in (models/delta.py, hub.py DERIVED)."""
+"""The package's derived models (minilm-l6-tuned3, the fast tier for new databases, and minilm-l6-tuned2 and minilm-l6-tuned before it): deltas over the pinned built-in (models/delta.py, hub.py DERIVED)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tinycontext.models.delta import apply_delta, make_delta
 from tinycontext.models.embedder import Embedder
 from tinycontext.models.hub import BUILTIN_SHA256, DELTA_FILE, DERIVED, builtin_bundle, resolve_model
 
-NAME = "minilm-l6-tuned2"
+NAME = "minilm-l6-tuned3"
 
 
 @pytest.mark.parametrize("name", sorted(DERIVED))
@@ -38,7 +38,7 @@ def test_the_delta_makes_the_pinned_model_once_into_models_dir(tmp_path, name):
 
 
 def _package_with(monkeypatch, tmp_path, delta: bytes):
-    """The package's minilm-l6-tuned2 folder, copied with ``delta`` in place of its own."""
+    """The package's minilm-l6-tuned3 folder, copied with ``delta`` in place of its own."""
     real = hub._package_folder
     folder = tmp_path / "package" / NAME
     shutil.copytree(real(NAME), folder)

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from tinycontext.models.identity import same_embedder
 from tinycontext.models.embedder import INT8_GRAPH, OUTLIERS_FILE, QUERY_GRAPH, Embedder, outlier_graph_name, query_graph_name
 from tinycontext.errors import ModelUnavailableError
-from tinycontext.models.hub import BUILTIN_NAME, BUILTIN_REVISION, BUILTIN_SHA256, DERIVED, builtin_bundle, resolve_model
+from tinycontext.models.hub import BUILTIN_NAME, BUILTIN_REVISION, BUILTIN_SHA256, DERIVED, FAST, TIERS, builtin_bundle, resolve_model
 
 SENTENCES = [
     "The cat sat on the mat.",
@@ -67,7 +67,7 @@ def test_the_builtin_model_is_pinned(builtin, tmp_path):
 
 def test_fast_is_the_tuned_model_made_from_the_builtin(builtin, tmp_path):
     fast = resolve_model("fast", tmp_path)
-    assert (fast.name, fast.sha256) == ("minilm-l6-tuned2", DERIVED["minilm-l6-tuned2"].sha256) and fast.sha256 != BUILTIN_SHA256
+    assert (fast.name, fast.sha256) == (TIERS[FAST], DERIVED[TIERS[FAST]].sha256) and fast.sha256 != BUILTIN_SHA256
     assert fast.tokenizer_file == builtin.tokenizer_file
     assert (fast.dimensions, fast.max_tokens, fast.pooling) == (builtin.dimensions, builtin.max_tokens, builtin.pooling)
 
@@ -98,7 +98,7 @@ def test_fast_needs_no_network(real_embedder, tmp_path):
     assert proc.returncode == 0, proc.stderr
     np.testing.assert_allclose(json.loads(proc.stdout), real_embedder.embed_query(text), atol=1e-6)
     written = [p.relative_to(models_dir).as_posix() for p in models_dir.rglob("*") if p.is_file()]
-    assert written == [f"minilm-l6-tuned2/{DERIVED['minilm-l6-tuned2'].sha256[:16]}/model.onnx"]
+    assert written == [f"{TIERS[FAST]}/{DERIVED[TIERS[FAST]].sha256[:16]}/model.onnx"]
 
 
 def test_vectors_are_normalised_float32(real_embedder):

@@ -174,7 +174,7 @@ def test_health_route_and_probe(env, monkeypatch):
         url = f"http://127.0.0.1:{port}/health"
         assert httpx.get(url).status_code == 401
         body = httpx.get(url, headers=AUTH).json()
-        assert body["status"] == "ok" and body["embedder"] == "minilm-l6-tuned2"
+        assert body["status"] == "ok" and body["embedder"] == "minilm-l6-tuned3"
         healthy, said = health.probe(url, "wrong-token-of-enough-length")
         assert not healthy and said.startswith("HTTP 401")
         monkeypatch.setenv("MCP_PORT", str(port))

@@ -68,8 +68,8 @@ class TinyContextConfig(BaseModel):
 
     memory_db_path: Path = Field(default_factory=default_db_path)
     models_dir: Path = Field(default_factory=default_models_dir)
-    # A tier (fast, balanced, quality, multilingual), a model name, a bundle folder or a hub repo id. "fast": minilm-l6-tuned2
-    # for a new database; one with memories embedded by an older package model (minilm-l6-tuned, minilm-l6-int8) keeps it until
+    # A tier (fast, balanced, quality, multilingual), a model name, a bundle folder or a hub repo id. "fast": minilm-l6-tuned3
+    # for a new database; one with memories embedded by an older package model (minilm-l6-tuned2, minilm-l6-tuned, minilm-l6-int8) keeps it until
     # `tinycontext reindex`.
     embedding_model: str = "fast"
     embedding_batch_size: int = Field(32, ge=1, le=1024)
@@ -130,7 +130,7 @@ class TinyContextConfig(BaseModel):
     # ranked above it (0: off; retrieval.cliff_cut), read on the first search's order so every page
     # agrees (memory/recall.py cut); chosen from scripts/tune_floor.py (notes/relevance_floor.md). Unset, an answer of
     # conversation turns ends where the model states: turns the learned fusion ranked after the last one whose learned
-    # score is within the model's gap of the best (bundle "turn_score_gap": minilm-l6-tuned2's 4.5), others at the
+    # score is within the model's gap of the best (bundle "turn_score_gap": minilm-l6-tuned3's 4.5), others at the
     # model's cliff for turns ("turn_score_cliff": its 0.28); both chosen on LoCoMo dev (notes/locomo.md).
     recall_score_cliff: float = Field(0.25, ge=0.0, le=0.99)
     # Rows BM25 may score per recall: past it the query's commonest words add no rows to score, but still score
@@ -144,7 +144,7 @@ class TinyContextConfig(BaseModel):
     recall_speaker_boost: float = Field(0.5, ge=0.0, le=10.0)
     # How conversation turns are ranked: "learned" (a linear score over each candidate turn's BM25, dense,
     # episode, neighbour, speaker and window signals, fitted on LoCoMo dev for the model's own signals: a bundle's
-    # model_config.json "fusion_weights" (minilm-l6-tuned2 states them), else retrieval/conversation.py FUSION_WEIGHTS) or
+    # model_config.json "fusion_weights" (minilm-l6-tuned3 states them), else retrieval/conversation.py FUSION_WEIGHTS) or
     # "rrf" (weighted RRF plus the three hand-tuned settings above, which "learned" does not use). Memories
     # that are not turns: "learned" ranks them by their BM25 and dense scores relative to each list's best
     # (retrieval/fusion.py score_fusion; recall_dense_weight and recall_rrf_k only choose the candidates and

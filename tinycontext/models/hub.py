@@ -85,11 +85,14 @@ DERIVED: dict[str, DerivedEntry] = {
         # The same recipe with LoCoMo's adversarial questions too, and its own score cliff (notes/locomo.md session 24).
         DerivedEntry("minilm-l6-tuned2", "18b58d68399c687b6903fefeeecf1f149a73234a9159382b661a63fedafb329c",
                      f"{BUILTIN_REVISION}+tuned-s24"),
+        # The mean of that recipe's weights and of the same with multi-hop questions weighing double (notes/locomo.md session 27).
+        DerivedEntry("minilm-l6-tuned3", "33c3e0fa64a0563ab78fef4f31cf32d5fdf968c43273e4aa69de4662dfd160cc",
+                     f"{BUILTIN_REVISION}+tuned-s27"),
     ]
 }
 DELTA_FILE = "model.delta.xz"
 FAST = "fast"
-TIERS = {FAST: "minilm-l6-tuned2", "balanced": "bge-small-en-v1.5", "quality": "bge-base-en-v1.5", "multilingual": "multilingual-e5-small"}
+TIERS = {FAST: "minilm-l6-tuned3", "balanced": "bge-small-en-v1.5", "quality": "bge-base-en-v1.5", "multilingual": "multilingual-e5-small"}
 # The models the package itself ships (no download): what the fast tier has meant in some version.
 PACKAGE_MODELS = frozenset({BUILTIN_NAME, *DERIVED})
 
@@ -97,8 +100,8 @@ PACKAGE_MODELS = frozenset({BUILTIN_NAME, *DERIVED})
 def model_for_database(spec: str, stored: dict | None, memories: int) -> str:
     """The ``embedding_model`` setting to load for a database holding ``memories`` memories whose vectors are
     ``stored``'s (its recorded identity). The fast tier means the package's fast model: a database with memories
-    embedded by one of the package's models keeps that model (one made before the tier became minilm-l6-tuned2
-    stays on minilm-l6-tuned or minilm-l6-int8, no reindex), a new or empty one gets the tier's model; `tinycontext reindex` upgrades.
+    embedded by one of the package's models keeps that model (one made before the tier became minilm-l6-tuned3
+    stays on minilm-l6-tuned2, minilm-l6-tuned or minilm-l6-int8, no reindex), a new or empty one gets the tier's model; `tinycontext reindex` upgrades.
     Any other setting, a model named explicitly included, means the same model for every database."""
     model = stored.get("model") if stored and memories else None
     return model if spec == FAST and model in PACKAGE_MODELS and model != TIERS[FAST] else spec

@@ -68,7 +68,7 @@ FUSION_FEATURES = (
 )
 # No length feature: it chose longer turns, so more tokens per answer for a small gain (notes/locomo.md).
 # Fitted on the built-in int8 model's signals; a model fitted for separately states its own (model_config.json
-# fusion_weights, as minilm-l6-tuned2 does: memory/recall.py fusion_weights).
+# fusion_weights, as minilm-l6-tuned3 does: memory/recall.py fusion_weights).
 FUSION_WEIGHTS = (2.7485, -1.9433, 7.4981, 3.6537, -4.9851, 4.8948, 18.5504, 8.4499, -1.7118, 1.704, -1.6589, 7.3414)
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
            "November", "December")
