@@ -266,7 +266,10 @@ def gbdt_orders(convs) -> tuple[list, list[dict]]:
         return q[1][np.lexsort((q[1], -model.predict(q[2])))].tolist()
 
     def inner(others, setting):
-        got = [order(fit([q for k, c in enumerate(others) if k != j for q in c], setting), q) for j, held in enumerate(others) for q in held]
+        got = []
+        for j, held in enumerate(others):  # one fit per conversation held out of the four
+            model = fit([q for k, c in enumerate(others) if k != j for q in c], setting)
+            got += [order(model, q) for q in held]
         return float(lf.recall_rows([q for c in others for q in c], got)[:, 2].mean())
 
     orders, chosen = [], []
