@@ -28,7 +28,7 @@ compared with the shipped recipe held out the same way (paired bootstrap over th
 - ``gbdt``: a LambdaRank gradient-boosted ranker (LightGBM, not a project dependency: ``pip install lightgbm``) over the
   same features instead of the linear score, its size (leaves x rounds of ``GBDT_GRID``) chosen inside each fold by the
   other four conversations' leave-one-out R@10;
-- ``stops``: where an answer of the held-out learned order ends (no lever on the ranking): the gap rule that ships (the
+- ``stops``: where an answer of the held-out learned order ends (no lever on the ranking): the gap rule that ships (``gap_cut``: the
   prefix of the top 10 within G of the best learned score) against a length-aware one (every turn whose score minus
   A x ln(characters / 200) is within G of the best, the first 10 of those), as R@10 against the answer's characters;
 - ``cap C``: at most C turns of one episode among the first 10, the rest moved down in order;
@@ -54,7 +54,7 @@ import numpy as np
 
 import locomo_fusion as lf
 from tinycontext.retrieval import conversation
-from tinycontext.retrieval.fusion import match_expression, query_terms
+from tinycontext.retrieval.fusion import gap_cut, match_expression, query_terms
 
 TOP = 10
 MMR = (0.1, 0.25, 0.5, 1.0)
@@ -299,7 +299,7 @@ def stop_rules(convs, folds) -> list[dict]:
         return {"rule": rule, "G": g, "A": a, "R@10": round(float(recall.mean()), 4), "cat1 R@10": round(float(recall[cats == 1].mean()), 4),
                 "characters": round(float(np.mean([chars[k].sum() for (_, chars, _, _, _), k in zip(items, kept)])), 1),
                 "turns": round(float(np.mean([len(k) for k in kept])), 2)}
-    out = [row("gap", g, 0.0, lambda s, chars, g=g: np.flatnonzero(s >= s[0] - g)) for g in np.arange(3.0, 7.01, 0.25)]
+    out = [row("gap", g, 0.0, lambda s, chars, g=g: np.arange(gap_cut(np.exp(s - s[0]).tolist(), g))) for g in np.arange(3.0, 7.01, 0.25)]
     for a in (0.5, 1.0, 1.5, 2.0):
         out += [row("length-aware", g, a, lambda s, chars, g=g, a=a: np.unique(np.r_[0, np.flatnonzero(s - s[0] - a * np.log(chars / 200.0) >= -g)]))
                 for g in np.arange(2.0, 9.01, 0.25)]
