@@ -618,23 +618,33 @@ def train(out: Path, args) -> dict:
     return log
 
 
-def soup(out: Path, members: list[Path]) -> dict:
+def soup(out: Path, members: list[Path], weights: list[float] | None = None) -> dict:
     """The element-wise mean of train runs' weights (a model soup: runs on from the same weights with other data or
-    seeds), written to ``out`` as a train run that ``export`` reads. Members must leave out the same conversation, so
-    a fold's soup still never saw its held-out one."""
+    seeds), written to ``out`` as a train run that ``export`` reads; ``weights`` (one per member) makes it a weighted
+    mean, e.g. a fine-tuned run interpolated with the run it started from (WiSE-FT), or extrapolated past it with a
+    negative weight on the start. Members trained on LoCoMo must
+    leave out the same conversation, so a fold's soup still never saw its held-out one; a member trained on no LoCoMo
+    conversation (the SciFact run the LoCoMo runs start from) may join any fold."""
+    if weights is not None and (len(weights) != len(members) or sum(weights) <= 0):
+        raise ValueError(f"one weight per member, their sum > 0: {weights} for {len(members)} members")
     logs = [json.loads((m / "train_log.json").read_text(encoding="utf-8")) for m in members]
-    held = {log["args"].get("holdout_conversation") for log in logs}
-    if len(held) != 1:
+    held = {log["args"].get("holdout_conversation") for log in logs if "locomo" in log["prepare"]}
+    if len(held) > 1:
         raise ValueError(f"the members leave out different conversations: {sorted(map(str, held))}")
     states = [np.load(m / "weights.npz") for m in members]
     if any(set(z.files) != set(states[0].files) for z in states):
         raise ValueError("the members' weights name different tensors")
+    share = np.full(len(members), 1 / len(members)) if weights is None else np.asarray(weights, dtype=np.float64) / sum(weights)
     out.mkdir(parents=True, exist_ok=True)
-    np.savez(out / "weights.npz", **{k: np.mean([z[k] for z in states], axis=0).astype(states[0][k].dtype) for k in states[0].files})
-    log = {"args": {**logs[0]["args"], "tag": out.name, "soup_of": [str(m) for m in members]}, "prepare": logs[0]["prepare"],
+    np.savez(out / "weights.npz", **{k: np.average([z[k] for z in states], axis=0, weights=weights).astype(states[0][k].dtype)
+                                     for k in states[0].files})
+    first = next((g for g in logs if "locomo" in g["prepare"]), logs[0])
+    log = {"args": {**first["args"], "tag": out.name, "soup_of": [str(m) for m in members], "soup_weights": share.tolist()},
+           "prepare": first["prepare"],
            "members": [{"path": str(m), "args": g["args"], "examples": g["examples"]} for m, g in zip(members, logs)]}
     (out / "train_log.json").write_text(json.dumps(log, indent=1), encoding="utf-8")
-    return {"members": len(members), "holdout_conversation": held.pop(), "tensors": len(states[0].files)}
+    return {"members": len(members), "holdout_conversation": held.pop() if held else None, "tensors": len(states[0].files),
+            "weights": share.tolist()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -681,6 +691,7 @@ def main(argv: list[str] | None = None) -> None:
     so = sub.add_parser("soup", help="the mean of train runs' weights, as a train run export reads")
     so.add_argument("--out", type=Path, required=True)
     so.add_argument("--members", type=Path, nargs="+", required=True, help="train run folders (weights.npz, train_log.json)")
+    so.add_argument("--weights", type=float, nargs="+", help="one per member (a weighted mean; a negative one extrapolates away from that member); default equal")
     sh = sub.add_parser("ship", help="an exported, calibrated bundle as a package model (a delta over the built-in)")
     sh.add_argument("--bundle", type=Path, required=True)
     sh.add_argument("--name", required=True, help="the model's name (pin it with the printed sha256 in models/hub.py DERIVED)")
@@ -721,7 +732,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{m} {part[m]['builtin']:.4f} -> {part[m]['loco']:.4f} ({part[m]['difference']:+.4f} "
                 f"[{part[m]['difference_ci'][0]:+.4f}, {part[m]['difference_ci'][1]:+.4f}])" for m in ("recall@5", "recall@10", "recall@100")))
     elif args.step == "soup":
-        print(json.dumps(soup(args.out, args.members), indent=1))
+        print(json.dumps(soup(args.out, args.members, args.weights), indent=1))
     elif args.step == "ship":
         print(json.dumps(ship(args.bundle, args.name, args.template, args.source, args.fusion_weights, args.turn_score_cliff,
                                     args.turn_score_gap), indent=1))

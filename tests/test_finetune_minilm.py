@@ -259,16 +259,17 @@ def test_loco_scores_each_conversation_with_the_fold_that_never_saw_it(tmp_path)
 
 
 def test_soup_is_the_mean_of_runs_that_left_out_the_same_conversation(tmp_path):
-    def run(name: str, scale: float, held: str | None) -> Path:
+    def run(name: str, scale: float, held: str | None, locomo: bool = True) -> Path:
         folder = tmp_path / name
         folder.mkdir()
         np.savez(folder / "weights.npz", a=np.full((2, 3), scale, np.float32), b=np.arange(4, dtype=np.float32) * scale)
-        log = {"args": {"tag": name, "seed": 0, "holdout_conversation": held}, "prepare": {"fit_queries": 3}, "examples": 7}
+        prepare = {"fit_queries": 3, **({"locomo": "locomo-dev.json"} if locomo else {})}
+        log = {"args": {"tag": name, "seed": 0, "holdout_conversation": held}, "prepare": prepare, "examples": 7}
         (folder / "train_log.json").write_text(json.dumps(log))
         return folder
 
     members = [run("x", 1.0, "conv-26"), run("y", 3.0, "conv-26")]
-    assert ft.soup(tmp_path / "soup", members) == {"members": 2, "holdout_conversation": "conv-26", "tensors": 2}
+    assert ft.soup(tmp_path / "soup", members) == {"members": 2, "holdout_conversation": "conv-26", "tensors": 2, "weights": [0.5, 0.5]}
     z = np.load(tmp_path / "soup" / "weights.npz")
     np.testing.assert_array_equal(z["a"], np.full((2, 3), 2.0, np.float32))
     np.testing.assert_array_equal(z["b"], np.arange(4, dtype=np.float32) * 2.0)
@@ -276,3 +277,15 @@ def test_soup_is_the_mean_of_runs_that_left_out_the_same_conversation(tmp_path):
     assert log["args"]["tag"] == "soup" and log["args"]["holdout_conversation"] == "conv-26" and len(log["members"]) == 2
     with pytest.raises(ValueError, match="different conversations"):
         ft.soup(tmp_path / "bad", [members[0], run("z", 2.0, "conv-30")])
+    # a run that saw no LoCoMo conversation (the SciFact start) joins any fold: weighted, a WiSE-FT interpolation
+    start = run("start", 5.0, None, locomo=False)
+    wise = ft.soup(tmp_path / "wise", [members[0], start], [3, 1])
+    assert wise["holdout_conversation"] == "conv-26" and wise["weights"] == [0.75, 0.25]
+    np.testing.assert_array_equal(np.load(tmp_path / "wise" / "weights.npz")["a"], np.full((2, 3), 2.0, np.float32))
+    log = json.loads((tmp_path / "wise" / "train_log.json").read_text())
+    assert log["args"]["holdout_conversation"] == "conv-26" and log["prepare"]["locomo"] == "locomo-dev.json"
+    ft.soup(tmp_path / "past", [members[0], start], [1.25, -0.25])  # extrapolated away from the start
+    np.testing.assert_array_equal(np.load(tmp_path / "past" / "weights.npz")["a"], np.zeros((2, 3), np.float32))
+    for bad in ([1.0], [1.0, -1.0], [0.0, 0.0]):
+        with pytest.raises(ValueError, match="one weight"):
+            ft.soup(tmp_path / "bad_weights", [members[0], start], bad)
