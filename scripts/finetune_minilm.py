@@ -622,9 +622,9 @@ def soup(out: Path, members: list[Path], weights: list[float] | None = None) -> 
     """The element-wise mean of train runs' weights (a model soup: runs on from the same weights with other data or
     seeds), written to ``out`` as a train run that ``export`` reads; ``weights`` (one per member) makes it a weighted
     mean, e.g. a fine-tuned run interpolated with the run it started from (WiSE-FT), or extrapolated past it with a
-    negative weight on the start. Members trained on LoCoMo must
-    leave out the same conversation, so a fold's soup still never saw its held-out one; a member trained on no LoCoMo
-    conversation (the SciFact run the LoCoMo runs start from) may join any fold."""
+    negative weight on the start. Members trained on LoCoMo must leave out the same conversation, so a fold's soup still
+    never saw its held-out one; a member trained on no LoCoMo conversation (the SciFact run the LoCoMo runs start from)
+    may join any fold."""
     if weights is not None and (len(weights) != len(members) or sum(weights) <= 0):
         raise ValueError(f"one weight per member, their sum > 0: {weights} for {len(members)} members")
     logs = [json.loads((m / "train_log.json").read_text(encoding="utf-8")) for m in members]
