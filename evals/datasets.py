@@ -320,9 +320,27 @@ def locomo_turn(turn: dict, date_time: str) -> dict:
     return fields
 
 
+_QUESTION = re.compile(r"[^.!?]*\?")
+# second person -> the speaker asked, first person -> the one asking ("we" stays: both)
+_PERSON = [(re.compile(rf"\b{word}\b", 0 if word.startswith("I") else re.IGNORECASE), who, rest) for word, who, rest in (
+    ("you're", "b", " is"), ("you've", "b", " has"), ("you'll", "b", " will"), ("you'd", "b", " would"), ("yourself", "b", ""),
+    ("yours", "b", "'s"), ("your", "b", "'s"), ("you", "b", ""), ("u", "b", ""), ("I'm", "a", " is"), ("I've", "a", " has"),
+    ("I'll", "a", " will"), ("I'd", "a", " would"), ("myself", "a", ""), ("my", "a", "'s"), ("me", "a", ""), ("I", "a", ""))]
+
+
+def dialog_question(text: str, asker: str, asked: str, min_words: int = 5) -> str:
+    """The questions in a chat turn of ``asker`` to ``asked`` as a memory question would put them ("What got you into
+    books?" -> "What got Tim into books?"), or "" when none has ``min_words`` words ("How are you?" asks nothing)."""
+    questions = [q.strip() for q in _QUESTION.findall(text) if len(re.findall(r"[A-Za-z']+", q)) >= min_words]
+    out = " ".join(questions)
+    for pattern, who, rest in _PERSON:
+        out = pattern.sub((asked if who == "b" else asker) + rest, out)
+    return out
+
+
 def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: str = "locomo",
                 memory_format: Literal["turns", "text"] = "turns",
-                queries_from: Literal["qa", "observations"] = "qa") -> EvalDataset:
+                queries_from: Literal["qa", "observations", "dialog"] = "qa") -> EvalDataset:
     """LoCoMo: each dialogue turn is a memory, one session per conversation, evidence turns are the qrels.
 
     Categories 1-4 are answerable from evidence turns; category 5 is adversarial (questions about
@@ -336,12 +354,15 @@ def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: st
 
     ``queries_from``: ``observations`` takes the queries from the dataset's observations instead of its
     questions (facts its authors drew from each chat session, each naming the turns it comes from: statements,
-    not questions; training data, e.g. ``scripts/finetune_minilm.py``), ``categories`` then unused.
+    not questions; training data, e.g. ``scripts/finetune_minilm.py``), ``categories`` then unused. ``dialog``
+    takes them from the chat itself: a turn's questions of five words or more, asked in the third person
+    (``dialog_question``), each answered by the next turn when the other speaker says it; its qrels that turn,
+    its ``query_info`` the turn that asked (``asked_in``: the same words, but not the answer).
     """
     if memory_format not in ("turns", "text"):
         raise ConfigError(f"dataset.memory_format must be turns or text, got {memory_format!r}.")
-    if queries_from not in ("qa", "observations"):
-        raise ConfigError(f"queries_from must be qa or observations, got {queries_from!r}.")
+    if queries_from not in ("qa", "observations", "dialog"):
+        raise ConfigError(f"queries_from must be qa, observations or dialog, got {queries_from!r}.")
     file = Path(path).expanduser()
     samples = _read_json(file, "LoCoMo", "locomo json")
     wanted = {int(c) for c in categories}
@@ -363,7 +384,12 @@ def load_locomo(path: str | Path, categories: list[int] = (1, 2, 3, 4), name: st
                                     locomo_turn(turn, conversation.get(f"session_{n}_date_time", "")), f"session_{n}"))
                 else:
                     docs.append(Doc(f"{conv_id}:{turn['dia_id']}", locomo_turn_text(turn), conv_id))
-        if queries_from == "observations":
+        if queries_from == "dialog":
+            items = [(f"{conv_id}:a{asked['dia_id']}", question, [answer["dia_id"]], {"asked_in": f"{conv_id}:{asked['dia_id']}"})
+                     for n in numbers for asked, answer in zip(conversation[f"session_{n}"], conversation[f"session_{n}"][1:])
+                     if asked["speaker"] != answer["speaker"]
+                     and (question := dialog_question(asked.get("text", ""), asked["speaker"], answer["speaker"]))]
+        elif queries_from == "observations":
             # {"session_N_observation": {speaker: [[fact, "D1:3" or ["D1:3", ...]], ...]}}
             items = [(f"{conv_id}:o{key.split('_')[1]}.{speaker}.{i}", fact, [raw] if isinstance(raw, str) else raw, {})
                      for key, by_speaker in sample.get("observation", {}).items()

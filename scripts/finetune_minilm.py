@@ -93,7 +93,8 @@ def locomo_examples(path: Path, work: Path, *, negatives: int, pool: int, rng: r
     Hard negatives: ``negatives`` drawn from the question's BM25 and dense top ``pool`` turns of its own
     conversation (interleaved, evidence removed), as the engine's own search returns them. ``extra``: instead of
     the answerable questions (categories 1-4), ``adversarial`` ones (category 5: no answer, but evidence turns they
-    are about) or ``observations`` (the dataset's facts, each naming its turns; ``load_locomo``), marked so in
+    are about), ``observations`` (the dataset's facts, each naming its turns; ``load_locomo``) or ``dialog`` (a turn's
+    questions, answered by the next turn; the turn that asked is masked like evidence, not a negative), marked so in
     each example's ``source``."""
     from evals.datasets import load_locomo
     from evals.embedding_cache import CachedEmbedder
@@ -104,7 +105,7 @@ def locomo_examples(path: Path, work: Path, *, negatives: int, pool: int, rng: r
     from tinycontext.retrieval.conversation import EMBEDDING_COLUMNS, stored_embedding_text
 
     data = load_locomo(path, categories=(5,) if extra == "adversarial" else (1, 2, 3, 4),
-                       queries_from="observations" if extra == "observations" else "qa")
+                       queries_from=extra if extra in ("observations", "dialog") else "qa")
     if conversations is not None:
         keep = set(conversations)
         data.docs = [d for d in data.docs if d.session in keep]
@@ -123,12 +124,14 @@ def locomo_examples(path: Path, work: Path, *, negatives: int, pool: int, rng: r
             evidence = list(dict.fromkeys(doc_ids[memory_of[d]][0] for d in data.qrels[q] if d in memory_of))
             if not evidence:
                 continue
+            asked = data.query_info.get(q, {}).get("asked_in")
+            masked = evidence + ([doc_ids[memory_of[asked]][0]] if asked in memory_of else [])
             found = engine.search(question, session_id=conv, candidates=pool)
             lists = [[doc_ids[m][0] for m, _ in hits] for hits in (found.bm25, found.dense)]
             ranked = list(dict.fromkeys(d for pair in zip(*lists) for d in pair))
             for target in evidence:
-                examples.append({"qid": q, "query": question, "group": conv, "target": target, "positives": evidence,
-                                 "negatives": hard_negatives(ranked, set(evidence), negatives, rng), **({"source": extra} if extra else {}),
+                examples.append({"qid": q, "query": question, "group": conv, "target": target, "positives": masked,
+                                 "negatives": hard_negatives(ranked, set(masked), negatives, rng), **({"source": extra} if extra else {}),
                                  **({"category": data.query_info[q]["category"]} if "category" in data.query_info.get(q, {}) else {})})
     by_conversation: dict[str, list[str]] = {}
     for d in data.docs:
@@ -659,9 +662,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pool", type=int, default=30, help="BM25 depth the negatives are drawn from")
     p.add_argument("--locomo", type=Path, help="also LoCoMo questions -> evidence turns from this file (e.g. the dev split)")
     p.add_argument("--locomo-conversations", nargs="+", help="only these conversations of --locomo (tests, probes)")
-    p.add_argument("--locomo-extra", nargs="+", default=(), choices=("adversarial", "observations"),
-                   help="also --locomo's category 5 questions (adversarial: no answer, but evidence turns they are about) "
-                        "and/or its observations (facts naming their turns) -> those turns")
+    p.add_argument("--locomo-extra", nargs="+", default=(), choices=("adversarial", "observations", "dialog"),
+                   help="also --locomo's category 5 questions (adversarial: no answer, but evidence turns they are about), "
+                        "its observations (facts naming their turns) -> those turns, and/or the questions its speakers ask "
+                        "each other (dialog) -> the answering turn")
     t = sub.add_parser("train")
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--tag", default="scifact")

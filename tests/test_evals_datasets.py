@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.datasets import load_beir, load_hf_beir, load_locomo, load_tiny
+from evals.datasets import dialog_question, load_beir, load_hf_beir, load_locomo, load_tiny
 from tinycontext import ConfigError, MissingExtraError
 
 
@@ -106,6 +106,26 @@ def test_locomo(tmp_path):
     assert facts.qrels["conv-1:o1.Ann.1"] == {"conv-1:D1:1": 1, "conv-1:D2:1": 1} and facts.docs == ds.docs
     with pytest.raises(ConfigError):
         load_locomo(file, queries_from="answers")
+
+
+def test_locomo_dialog_questions_are_answered_by_the_next_turn(tmp_path):
+    turns = [("Ann", "Hi! How are you?"), ("Ben", "Good. What got you into pottery, and is it your job?"),
+             ("Ann", "My aunt taught me. Did you see my vase?"), ("Ann", "What do you think of my new blue vase?"),
+             ("Ben", "I love it, I'm jealous!")]
+    sample = {"sample_id": "conv-1", "qa": [], "conversation": {
+        "speaker_a": "Ann", "speaker_b": "Ben", "session_1_date_time": "1 May 2023",
+        "session_1": [{"speaker": who, "dia_id": f"D1:{i}", "text": text} for i, (who, text) in enumerate(turns, 1)]}}
+    file = tmp_path / "locomo.json"
+    file.write_text(json.dumps([sample]), encoding="utf-8")
+    dialog = load_locomo(file, queries_from="dialog")
+    # "How are you?" is too short to ask anything; D1:3 is answered by its own speaker's next turn, so by no one
+    assert dialog.queries == {"conv-1:aD1:2": "What got Ann into pottery, and is it Ann's job?",
+                              "conv-1:aD1:4": "What do Ben think of Ann's new blue vase?"}
+    assert dialog.qrels == {"conv-1:aD1:2": {"conv-1:D1:3": 1}, "conv-1:aD1:4": {"conv-1:D1:5": 1}}
+    assert dialog.query_info["conv-1:aD1:4"] == {"asked_in": "conv-1:D1:4"} and dialog.query_sessions["conv-1:aD1:2"] == "conv-1"
+    # first person is the one asking, second the one asked; only the questions of a turn are kept
+    assert dialog_question("I'm lost. Are you sure I've got your keys?", "Ann", "Ben") == "Are Ben sure Ann has got Ben's keys?"
+    assert dialog_question("Really?", "Ann", "Ben") == ""
 
 
 def test_real_locomo_dev_shape(shared_dir):

@@ -153,6 +153,16 @@ def test_prepare_locomo_turns_as_the_engine_embeds_them(tmp_path, shared_dir):
     assert all(e["target"] == f"conv-26:{raw}" for e, (_, raw) in zip([e for e in added if e["source"] == "observations"], facts))
     assert {e["category"] for e in added if e["source"] == "adversarial"} == {5}
     assert not any("category" in e for e in added if e["source"] == "observations")  # facts are not questions
+    # the speakers' own questions -> the answering turn; the asking turn is masked (same words, not the answer)
+    chat = ft.prepare(tmp_path / "chat", scifact=tmp_path / "sf", dev_fraction=0.34, seed=1, negatives=3, pool=30,
+                      locomo=tmp_path / "locomo.json", locomo_extra=("dialog",))
+    asked = [e for e in json.loads((tmp_path / "chat" / "train.json").read_text())["examples"] if e.get("source") == "dialog"]
+    assert chat["locomo_dialog_examples"] == len(asked) > 0
+    for e in asked:
+        number = int(e["qid"].rsplit(":", 1)[1])
+        asker = next(t for t in session_turns if t["dia_id"] == e["qid"].split(":a", 1)[1])
+        assert e["target"] == f"conv-26:{asker['dia_id'].split(':')[0]}:{number + 1}" and e["positives"] == [e["target"], f"conv-26:{asker['dia_id']}"]
+        assert not set(e["negatives"]) & set(e["positives"]) and "category" not in e
 
 
 def test_batches_keep_groups_apart_and_folds_leave_a_conversation_out():
