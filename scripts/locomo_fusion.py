@@ -68,8 +68,10 @@ def questions(path: str, depth: int, floor: float, widen=None, adapt=None):
     return out
 
 
-def fit(features: list[np.ndarray], targets: list[np.ndarray], l2: float) -> np.ndarray:
-    """Weights of the linear score minimising the listwise softmax loss (+ l2 on standardised weights)."""
+def fit(features: list[np.ndarray], targets: list[np.ndarray], l2: float, weigh: str = "question") -> np.ndarray:
+    """Weights of the linear score minimising the listwise softmax loss (+ l2 on standardised weights).
+    ``weigh``: ``question``, each question's evidence turns share one unit of weight; ``evidence``, each evidence
+    turn weighs one (a question with five evidence turns, a multi-hop list, weighs five)."""
     x = np.vstack(features)
     mu, sd = x.mean(0), x.std(0) + 1e-9
     z = (x - mu) / sd
@@ -79,15 +81,18 @@ def fit(features: list[np.ndarray], targets: list[np.ndarray], l2: float) -> np.
     starts = np.r_[0, np.cumsum(sizes)[:-1]]
     positives = np.add.reduceat(y, starts)
     has = positives > 0
-    share = y / np.maximum(positives, 1)[seg]  # each question's evidence shares one unit of weight
+    if weigh not in ("question", "evidence"):
+        raise ValueError(f"weigh must be question or evidence, got {weigh!r}")
+    share = y / np.maximum(positives, 1)[seg] if weigh == "question" else y
+    mass = np.add.reduceat(share, starts)  # each question's weight: 1, or its evidence count
 
     def loss(b):
         s = z @ b
         top = np.maximum.reduceat(s, starts)
         e = np.exp(s - top[seg])
         total = np.add.reduceat(e, starts)
-        value = -(share @ s - np.sum((np.log(total) + top)[has])) / has.sum()
-        p = e / total[seg] * has[seg]
+        value = -(share @ s - np.sum((mass * (np.log(total) + top))[has])) / has.sum()
+        p = e / total[seg] * (mass * has)[seg]
         return value + l2 * b @ b, -(z.T @ share - z.T @ p) / has.sum() + 2 * l2 * b
 
     b = minimize(loss, np.zeros(z.shape[1]), jac=True, method="L-BFGS-B").x
@@ -129,6 +134,8 @@ def signal_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument("--depth", type=int, default=100)
     parser.add_argument("--floor", type=float, default=0.3)
     parser.add_argument("--l2", type=float, default=1e-3)
+    parser.add_argument("--weigh", choices=("question", "evidence"), default="question",
+                        help="the fit's unit: each question (its evidence turns share it) or each evidence turn")
     return parser
 
 
@@ -147,17 +154,17 @@ def main() -> None:
     folds = []
     for i, conv in enumerate(convs):
         train = [q for k, other in enumerate(convs) if k != i for q in other]
-        weights = fit([q[2] for q in train], [q[3] for q in train], args.l2)
+        weights = fit([q[2] for q in train], [q[3] for q in train], args.l2, args.weigh)
         folds.append(weights)
         held += [learned_order(q, weights) for q in conv]
     loco = recall_rows(every, held)
-    final = fit([q[2] for q in every], [q[3] for q in every], args.l2)
+    final = fit([q[2] for q in every], [q[3] for q in every], args.l2, args.weigh)
     int8_weights = recall_rows(every, [learned_order(q, conversation.FUSION_WEIGHTS) for q in every])
     rng = np.random.default_rng(0)
     # Candidate recall: evidence among the turns the learned fusion ranks (candidates and their neighbours).
     pool = np.array([(q[0], q[3].sum() / q[4]) for q in every])
     print(json.dumps({
-        "questions": len(every), "without": args.without,
+        "questions": len(every), "without": args.without, "weigh": args.weigh,
         "candidate_recall": {"all": round(float(pool[:, 1].mean()), 4),
                              **{f"cat{c}": round(float(pool[pool[:, 0] == c, 1].mean()), 4) for c in CATEGORIES},
                              "mean_pool": round(float(np.mean([len(q[1]) for q in every])), 1)},
