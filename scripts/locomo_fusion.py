@@ -84,7 +84,7 @@ def fit(features: list[np.ndarray], targets: list[np.ndarray], l2: float, weigh:
     if weigh not in ("question", "evidence"):
         raise ValueError(f"weigh must be question or evidence, got {weigh!r}")
     share = y / np.maximum(positives, 1)[seg] if weigh == "question" else y
-    mass = np.add.reduceat(share, starts)  # each question's weight: 1, or its evidence count
+    mass = has.astype(float) if weigh == "question" else positives  # each question's weight: 1, or its evidence count
 
     def loss(b):
         s = z @ b
