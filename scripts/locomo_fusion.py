@@ -72,6 +72,8 @@ def fit(features: list[np.ndarray], targets: list[np.ndarray], l2: float, weigh:
     """Weights of the linear score minimising the listwise softmax loss (+ l2 on standardised weights).
     ``weigh``: ``question``, each question's evidence turns share one unit of weight; ``evidence``, each evidence
     turn weighs one (a question with five evidence turns, a multi-hop list, weighs five)."""
+    if weigh not in ("question", "evidence"):
+        raise ValueError(f"weigh must be question or evidence, got {weigh!r}")
     x = np.vstack(features)
     mu, sd = x.mean(0), x.std(0) + 1e-9
     z = (x - mu) / sd
@@ -81,10 +83,8 @@ def fit(features: list[np.ndarray], targets: list[np.ndarray], l2: float, weigh:
     starts = np.r_[0, np.cumsum(sizes)[:-1]]
     positives = np.add.reduceat(y, starts)
     has = positives > 0
-    if weigh not in ("question", "evidence"):
-        raise ValueError(f"weigh must be question or evidence, got {weigh!r}")
-    share = y / np.maximum(positives, 1)[seg] if weigh == "question" else y
-    mass = has.astype(float) if weigh == "question" else positives  # each question's weight: 1, or its evidence count
+    # each evidence turn's weight, and each question's (1, or its evidence count; 0 without evidence)
+    share, mass = (y / np.maximum(positives, 1)[seg], has.astype(float)) if weigh == "question" else (y, positives)
 
     def loss(b):
         s = z @ b
@@ -92,7 +92,7 @@ def fit(features: list[np.ndarray], targets: list[np.ndarray], l2: float, weigh:
         e = np.exp(s - top[seg])
         total = np.add.reduceat(e, starts)
         value = -(share @ s - np.sum((mass * (np.log(total) + top))[has])) / has.sum()
-        p = e / total[seg] * (mass * has)[seg]
+        p = e / total[seg] * mass[seg]
         return value + l2 * b @ b, -(z.T @ share - z.T @ p) / has.sum() + 2 * l2 * b
 
     b = minimize(loss, np.zeros(z.shape[1]), jac=True, method="L-BFGS-B").x

@@ -35,8 +35,10 @@ def test_weighing_each_evidence_turn_favours_what_finds_the_lists():
     assert np.all(np.isfinite(per_evidence))
     # a list's five turns outweigh a single answer: the feature that marks the lists gains on the other
     assert per_evidence[1] - per_evidence[0] > per_question[1] - per_question[0] + 0.5
-    order = lambda w, q: np.argsort(-(features[q] @ w), kind="stable")  # noqa: E731
-    listed = lambda w: np.mean([targets[q][order(w, q)[:5]].mean() for q in range(1, 40, 2)])  # noqa: E731
+
+    def listed(weights):  # the lists' evidence among their top five
+        return np.mean([targets[q][np.argsort(-(features[q] @ weights), kind="stable")[:5]].mean() for q in range(1, 40, 2)])
+
     assert listed(per_evidence) >= listed(per_question)
     with pytest.raises(ValueError, match="weigh"):
         lf.fit(features, targets, 1e-3, "turn")
